@@ -1,0 +1,51 @@
+"""rstreamer: dynamic mini-batching between a web fleet and deep-learning models, over Redis Streams."""
+from .batching import BatchPolicy
+from .client import RedisStreamer
+from .errors import (
+    BatchSizeMismatch,
+    BrokerUnavailable,
+    CodecError,
+    ConfigError,
+    DeadLettered,
+    DecodeError,
+    EncodeError,
+    Overloaded,
+    RemoteError,
+    RStreamerError,
+    StreamerTimeout,
+    WorkerStartupError,
+)
+from .future import Future
+from .local import Streamer, ThreadedStreamer
+from .model import ManagedModel
+from .settings import ClientSettings, WorkerSettings
+from .supervisor import run_redis_workers_forever
+from .version import VERSION
+from .worker import RedisWorker
+
+__version__ = VERSION
+
+__all__ = [
+    "BatchPolicy",
+    "BatchSizeMismatch",
+    "BrokerUnavailable",
+    "ClientSettings",
+    "CodecError",
+    "ConfigError",
+    "DeadLettered",
+    "DecodeError",
+    "EncodeError",
+    "Future",
+    "ManagedModel",
+    "Overloaded",
+    "RStreamerError",
+    "RedisStreamer",
+    "RedisWorker",
+    "RemoteError",
+    "Streamer",
+    "StreamerTimeout",
+    "ThreadedStreamer",
+    "WorkerSettings",
+    "WorkerStartupError",
+    "run_redis_workers_forever",
+]

@@ -1,0 +1,28 @@
+"""What every streamer shares: predict on top of submit, close, context manager."""
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from .future import Future
+
+
+class BaseStreamer(abc.ABC):
+    """The streamer API: ``submit(batch) -> Future`` and ``predict(batch) -> list``."""
+
+    @abc.abstractmethod
+    def submit(self, batch: list[Any], timeout: float | None = None) -> Future:
+        """Queue ``batch``; the Future's ``result()`` returns one output per item."""
+
+    def predict(self, batch: list[Any], timeout: float | None = None) -> list[Any]:
+        """Return one output per item of ``batch``, in order (blocks until answered)."""
+        return self.submit(batch, timeout).result()
+
+    def close(self) -> None:
+        """Release the streamer's resources; calls made after it fail."""
+
+    def __enter__(self) -> BaseStreamer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

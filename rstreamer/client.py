@@ -1,0 +1,124 @@
+"""RedisStreamer: the web side of the Redis transport."""
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import threading
+import time
+from typing import Any
+
+import redis
+
+from . import codec, lua
+from .base import BaseStreamer
+from .connection import broker_errors, create_redis, normalize_broker_url
+from .errors import EncodeError, Overloaded
+from .future import Future
+from .keys import Keys
+from .messages import unpack_results
+from .settings import ClientSettings, redis_url_from_env
+
+# A blocked BLPOP returns at least this often so that a vanished server is noticed within
+# the socket timeout instead of hanging.
+_BLPOP_SLICE = 2.0
+
+
+class RedisStreamer(BaseStreamer):
+    """Send items to the workers of ``prefix`` through Redis and wait for their outputs.
+
+    ``redis_broker`` is a ``redis://``, ``rediss://`` or ``unix://`` URL, or ``host:port``;
+    by default ``RSTREAMER_REDIS_URL``, else localhost. Safe to share between threads;
+    create one per process (after fork).
+    """
+
+    def __init__(
+        self,
+        redis_broker: str | None = None,
+        prefix: str | None = None,
+        *,
+        timeout: float | None = None,
+        max_queue: int | None = None,
+        settings: ClientSettings | None = None,
+    ) -> None:
+        self.settings = settings or ClientSettings.from_env(timeout=timeout, max_queue=max_queue)
+        self.url = normalize_broker_url(redis_broker or redis_url_from_env())
+        self.keys = Keys(prefix if prefix is not None else os.environ.get("RSTREAMER_PREFIX", ""))
+        self.redis = create_redis(self.url, socket_timeout=_BLPOP_SLICE + 3.0)
+        self._enqueue = self.redis.register_script(lua.ENQUEUE)
+        self._identity_lock = threading.Lock()
+        self._pid = -1
+        self._client_id = ""
+        self._tasks = itertools.count()
+
+    def _next_token(self) -> str:
+        if self._pid != os.getpid():
+            # A streamer built before a fork must not reuse its parent's reply keys.
+            with self._identity_lock:
+                if self._pid != os.getpid():
+                    self._client_id = secrets.token_hex(8)
+                    self._tasks = itertools.count()
+                    self._pid = os.getpid()
+        return f"{self._client_id}:{next(self._tasks)}"
+
+    def _encode(self, batch: list[Any]) -> list[bytes]:
+        payloads = [codec.packb(item) for item in batch]
+        limit = self.settings.max_item_bytes
+        for index, payload in enumerate(payloads):
+            if len(payload) > limit:
+                raise EncodeError(f"item {index} is {len(payload)} bytes encoded, over the limit of {limit}")
+        return payloads
+
+    def submit(self, batch: list[Any], timeout: float | None = None) -> Future:
+        batch = list(batch)
+        timeout = self.settings.timeout if timeout is None else timeout
+        payloads = self._encode(batch)
+        token = self._next_token()
+        future = RedisFuture(self.redis, self.keys.reply(token), len(batch), timeout, self.url)
+        if not payloads:
+            return future
+        deadline_ms = int(future.deadline * 1000)
+        with broker_errors(self.url):
+            added = self._enqueue(
+                keys=[self.keys.requests],
+                args=[self.settings.max_queue, self.keys.group, token, deadline_ms, *payloads],
+            )
+        if added == -1:
+            raise Overloaded(f"queue of prefix {self.keys.prefix!r} is full ({self.settings.max_queue} items waiting)")
+        return future
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class RedisFuture(Future):
+    """A Future whose answers are popped from the call's reply key when waited on."""
+
+    def __init__(self, client: redis.Redis, reply_key: str, size: int, timeout: float, url: str) -> None:
+        super().__init__(size, timeout)
+        self._redis = client
+        self._reply_key = reply_key
+        self._url = url
+        self._popping = threading.Lock()
+
+    def _wait_until(self, until: float) -> bool:
+        with self._popping:
+            while not self.done():
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # BLPOP treats 0 as "forever", so never pass less than 10 ms.
+                block = max(0.01, min(remaining, _BLPOP_SLICE))
+                with broker_errors(self._url):
+                    popped = self._redis.blpop([self._reply_key], timeout=block)
+                if popped:
+                    for index, outcome in unpack_results(popped[1]):
+                        self._deliver(index, outcome)
+            return True
+
+    def _expired(self) -> None:
+        # A late answer re-creates the key with a TTL; deleting now frees what came so far.
+        try:
+            self._redis.delete(self._reply_key)
+        except redis.RedisError:
+            pass

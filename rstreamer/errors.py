@@ -1,0 +1,81 @@
+"""The rstreamer exception tree.
+
+Every error a caller can see derives from :class:`RStreamerError`; ``http_status`` is the
+status a web front end should answer with.
+"""
+from __future__ import annotations
+
+
+class RStreamerError(Exception):
+    """Base class of every rstreamer error."""
+
+    http_status = 500
+
+
+class ConfigError(RStreamerError, ValueError):
+    """A setting is missing or out of range."""
+
+
+class CodecError(RStreamerError):
+    """A value could not be encoded or decoded."""
+
+    http_status = 400
+
+
+class EncodeError(CodecError, TypeError):
+    """A value cannot cross the broker (unsupported type, object dtype, too large)."""
+
+
+class DecodeError(CodecError, ValueError):
+    """Bytes from the broker are not a valid rstreamer message."""
+
+
+class StreamerTimeout(RStreamerError, TimeoutError):
+    """The call's deadline passed before every item was answered."""
+
+    http_status = 504
+
+
+class Overloaded(RStreamerError):
+    """The queue of this endpoint is full; retry later."""
+
+    http_status = 503
+
+
+class BrokerUnavailable(RStreamerError, ConnectionError):
+    """Redis could not be reached within the retry budget."""
+
+    http_status = 503
+
+
+class RemoteError(RStreamerError):
+    """The model raised while predicting this item.
+
+    ``remote_type`` and ``remote_message`` carry the original exception's type name and
+    message; the traceback stays in the worker's log.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str) -> None:
+        super().__init__(f"{remote_type}: {remote_message}")
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+
+
+class BatchSizeMismatch(RemoteError):
+    """The model returned a different number of outputs than it was given inputs."""
+
+
+class DeadLettered(RemoteError):
+    """The item was moved to the dead-letter stream (failed too often, or malformed)."""
+
+
+class WorkerStartupError(RStreamerError):
+    """A local worker process failed to start or load its model."""
+
+
+def remote_error_from(error_type: str, message: str, kind: str = "") -> RStreamerError:
+    """Rebuild the error a worker reported for one item."""
+    if kind == "timeout":
+        return StreamerTimeout(message)
+    cls = {"mismatch": BatchSizeMismatch, "dead": DeadLettered}.get(kind, RemoteError)
+    return cls(error_type, message)

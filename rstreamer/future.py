@@ -1,0 +1,69 @@
+"""The Future a ``submit`` returns: one answer per index, the first one wins."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .batching import Failure, Outcome
+from .errors import StreamerTimeout, remote_error_from
+
+
+class Future:
+    """Outputs of one ``submit(batch)`` call, in the order of the batch."""
+
+    def __init__(self, size: int, timeout: float) -> None:
+        self.size = size
+        self.timeout = timeout
+        self.deadline = time.time() + timeout
+        self._deadline_mono = time.monotonic() + timeout
+        self._outcomes: dict[int, Outcome[Any]] = {}
+        self._complete = threading.Condition()
+
+    def _deliver(self, index: int, outcome: Outcome[Any]) -> None:
+        with self._complete:
+            if 0 <= index < self.size and index not in self._outcomes:
+                self._outcomes[index] = outcome
+                if len(self._outcomes) == self.size:
+                    self._complete.notify_all()
+
+    def done(self) -> bool:
+        """True once every item has an answer."""
+        return len(self._outcomes) == self.size
+
+    def _wait_until(self, until: float) -> bool:
+        """Wait until every item is answered or the monotonic time ``until``."""
+        with self._complete:
+            return self._complete.wait_for(self.done, max(0.0, until - time.monotonic()))
+
+    def _expired(self) -> None:
+        """Called once the call's deadline has passed without all answers."""
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """The outputs, in order; raises the error of the first failed item.
+
+        Raises StreamerTimeout when ``timeout`` (or the call's own deadline, whichever is
+        sooner) passes first.
+        """
+        until = self._deadline_mono
+        if timeout is not None:
+            until = min(until, time.monotonic() + timeout)
+        if not self._wait_until(until):
+            missing = self.size - len(self._outcomes)
+            if time.monotonic() >= self._deadline_mono:
+                self._expired()
+                raise StreamerTimeout(
+                    f"{missing} of {self.size} items unanswered after the call's {self.timeout:g}s timeout"
+                )
+            raise StreamerTimeout(f"{missing} of {self.size} items not answered yet")
+        return self._values()
+
+    def _values(self) -> list[Any]:
+        values = []
+        for index in range(self.size):
+            outcome = self._outcomes[index]
+            if not outcome.ok:
+                failure = outcome.failure or Failure("Error", "unknown failure")
+                raise remote_error_from(failure.type, failure.message, failure.kind)
+            values.append(outcome.value)
+        return values

@@ -1,0 +1,100 @@
+"""Worker heartbeats in ``rstreamer:{p}:workers``, stamped with the Redis server's clock."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from . import lua
+from .keys import Keys
+
+logger = logging.getLogger(__name__)
+
+
+def parse_workers(raw: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
+    """Decode the workers hash; unreadable fields are skipped."""
+    workers = {}
+    for name, value in raw.items():
+        try:
+            info = json.loads(value)
+            if isinstance(info, dict) and isinstance(info.get("seen_ms"), (int, float)):
+                workers[name.decode()] = info
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return workers
+
+
+def server_time_ms(time_reply: tuple[int, int]) -> int:
+    seconds, micros = time_reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def read_workers(client: redis.Redis, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The server's time (ms) and every worker's last heartbeat info."""
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.hgetall(keys.workers)
+    now, raw = pipe.execute()
+    return server_time_ms(now), parse_workers(raw)
+
+
+def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms: int) -> set[str]:
+    """Names of the workers whose last beat is at most ``dead_after_ms`` old."""
+    return {name for name, info in workers.items() if now_ms - info["seen_ms"] <= dead_after_ms}
+
+
+class Heartbeat:
+    """Beats every ``interval`` seconds from a thread of its own, so a long batch keeps its lease."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        name: str,
+        info: Callable[[], dict[str, Any]],
+        interval: float,
+        ttl: float,
+    ) -> None:
+        self._client = client
+        self._keys = keys
+        self._name = name
+        self._info = info
+        self._interval = interval
+        self._ttl_ms = int(ttl * 1000)
+        self._script = client.register_script(lua.HEARTBEAT)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
+        self._failing = False
+
+    def beat(self) -> None:
+        self._script(keys=[self._keys.workers], args=[self._name, json.dumps(self._info()), self._ttl_ms])
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self.beat()
+                if self._failing:
+                    logger.info("worker %s: heartbeat restored", self._name)
+                self._failing = False
+            except redis.RedisError as exc:
+                if not self._failing:
+                    logger.warning("worker %s: heartbeat failed: %s", self._name, exc)
+                self._failing = True
+
+    def stop(self) -> None:
+        """Stop beating and remove this worker's entry."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._interval + 5)
+        try:
+            self._client.hdel(self._keys.workers, self._name)
+        except redis.RedisError as exc:
+            logger.warning("worker %s: could not remove heartbeat: %s", self._name, exc)

@@ -1,0 +1,297 @@
+"""In-process transports on the shared batching core: a thread, or local worker processes."""
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .base import BaseStreamer
+from .batching import BatchPolicy, BatchStats, Outcome, answer_batch, collect_batch
+from .errors import ConfigError, Overloaded, WorkerStartupError
+from .future import Future
+from .model import ModelSpec, Predictor, load_predictor, model_ref
+from .placement import pin_process_to, round_robin
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 20.0
+_IDLE_WAIT = 0.5
+
+
+@dataclass(frozen=True)
+class LocalItem:
+    """One queued item: who gets the answer, its input and its deadline (epoch seconds)."""
+
+    task: Any
+    index: int
+    payload: Any
+    deadline: float
+
+
+class QueueSource:
+    """An ItemSource over a ``queue.Queue`` or a ``multiprocessing`` queue."""
+
+    def __init__(self, q: Any) -> None:
+        self._queue = q
+
+    def fetch(self, max_items: int, timeout: float) -> list[Any]:
+        items = []
+        try:
+            items.append(self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait())
+            while len(items) < max_items:
+                items.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+
+def serve_queue(
+    source: QueueSource,
+    policy: BatchPolicy,
+    predict: Predictor,
+    deliver: Callable[[list[tuple[LocalItem, Outcome[Any]]]], None],
+    stats: BatchStats,
+) -> None:
+    """Answer batches from ``source`` until a None item (the stop signal) arrives."""
+    while True:
+        batch = collect_batch(source, policy, _IDLE_WAIT)
+        items = [item for item in batch if item is not None]
+        if items:
+            deliver(answer_batch(predict, items, stats))
+        if len(items) < len(batch):
+            return
+
+
+class _LocalStreamer(BaseStreamer):
+    def __init__(self, timeout: float | None, max_queue: int) -> None:
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self.max_queue = max_queue
+        self.stats = BatchStats()
+        self._closed = False
+
+    def _put(self, item: LocalItem | None) -> None:
+        raise NotImplementedError
+
+    def _qsize(self) -> int:
+        return 0
+
+    def _future(self, size: int, timeout: float) -> tuple[Any, Future]:
+        raise NotImplementedError
+
+    def submit(self, batch: list[Any], timeout: float | None = None) -> Future:
+        if self._closed:
+            raise RuntimeError("streamer is closed")
+        batch = list(batch)
+        if self.max_queue and self._qsize() >= self.max_queue:
+            raise Overloaded(f"{self._qsize()} items are waiting (max_queue={self.max_queue})")
+        task, future = self._future(len(batch), self.timeout if timeout is None else timeout)
+        for index, payload in enumerate(batch):
+            self._put(LocalItem(task, index, payload, future.deadline))
+        return future
+
+
+class ThreadedStreamer(_LocalStreamer):
+    """Batch calls from many threads into one model running in a thread of this process."""
+
+    def __init__(
+        self,
+        predict_function: Callable[[list[Any]], Sequence[Any]],
+        batch_size: int,
+        max_latency: float = 0.1,
+        worker_timeout: float | None = None,
+        *,
+        timeout: float | None = None,
+        max_queue: int = 0,
+        adaptive: bool = True,
+    ) -> None:
+        super().__init__(timeout if timeout is not None else worker_timeout, max_queue)
+        self.policy = BatchPolicy(batch_size, max_latency, adaptive)
+        self._queue: queue.Queue[LocalItem | None] = queue.Queue()
+        self._thread = threading.Thread(
+            target=serve_queue,
+            args=(QueueSource(self._queue), self.policy, predict_function, self._deliver, self.stats),
+            name="rstreamer-model", daemon=True,
+        )
+        self._thread.start()
+
+    def _put(self, item: LocalItem | None) -> None:
+        self._queue.put(item)
+
+    def _qsize(self) -> int:
+        return self._queue.qsize()
+
+    def _future(self, size: int, timeout: float) -> tuple[Any, Future]:
+        future = Future(size, timeout)
+        return future, future
+
+    @staticmethod
+    def _deliver(results: list[tuple[LocalItem, Outcome[Any]]]) -> None:
+        for item, outcome in results:
+            item.task._deliver(item.index, outcome)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join(timeout=self.timeout)
+
+
+def _process_worker_main(
+    model: ModelSpec, gpu_id: int | None, init_args: Any, init_kwargs: Any,
+    policy: BatchPolicy, inbox: Any, outbox: Any, slot: int,
+) -> None:
+    pin_process_to(gpu_id)
+    try:
+        predict = load_predictor(model, gpu_id, init_args, init_kwargs)
+    except Exception as exc:
+        logger.exception("local worker %d failed to load its model", slot)
+        outbox.put(("failed", slot, f"{type(exc).__name__}: {exc}"))
+        return
+    outbox.put(("ready", slot, None))
+
+    def deliver(results: list[tuple[LocalItem, Outcome[Any]]]) -> None:
+        outbox.put(("results", slot, [(item.task, item.index, outcome) for item, outcome in results]))
+
+    stats = BatchStats()
+    serve_queue(QueueSource(inbox), policy, predict, deliver, stats)
+    outbox.put(("stats", slot, stats))
+
+
+class Streamer(_LocalStreamer):
+    """Batch calls into ``worker_num`` local worker processes (multiprocessing queues).
+
+    ``predict_function_or_model`` is a ManagedModel subclass (built in each worker after
+    ``CUDA_VISIBLE_DEVICES`` is set) or a picklable batch function.
+    """
+
+    def __init__(
+        self,
+        predict_function_or_model: ModelSpec,
+        batch_size: int,
+        max_latency: float = 0.1,
+        worker_num: int = 1,
+        cuda_devices: Sequence[int] | None = None,
+        model_init_args: Sequence[Any] | None = None,
+        model_init_kwargs: dict[str, Any] | None = None,
+        wait_for_worker_ready: bool = False,
+        mp_start_method: str = "spawn",
+        *,
+        timeout: float | None = None,
+        max_queue: int = 0,
+        adaptive: bool = True,
+        ready_timeout: float = 300.0,
+    ) -> None:
+        super().__init__(timeout, max_queue)
+        if mp_start_method not in multiprocessing.get_all_start_methods():
+            raise ConfigError(f"unknown mp_start_method {mp_start_method!r}")
+        self.policy = BatchPolicy(batch_size, max_latency, adaptive)
+        context = multiprocessing.get_context(mp_start_method)
+        self._inbox = context.Queue()
+        self._outbox = context.Queue()
+        self._tasks = itertools.count()
+        self._futures: dict[int, Future] = {}
+        self._futures_lock = threading.Lock()
+        self._ready: set[int] = set()
+        self._failed: dict[int, str] = {}
+        self._state_changed = threading.Condition()
+        model = model_ref(predict_function_or_model)
+        self._processes = [
+            context.Process(
+                target=_process_worker_main,
+                args=(model, gpu, model_init_args, model_init_kwargs, self.policy, self._inbox, self._outbox, slot),
+                name=f"rstreamer-worker-{slot}", daemon=True,
+            )
+            for slot, gpu in enumerate(round_robin(worker_num, cuda_devices))
+        ]
+        for process in self._processes:
+            process.start()
+        self._collector = threading.Thread(target=self._collect, name="rstreamer-collector", daemon=True)
+        self._collector.start()
+        if wait_for_worker_ready:
+            self.wait_ready(ready_timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every worker has loaded its model; raise WorkerStartupError if one fails."""
+        deadline = time.monotonic() + timeout
+        with self._state_changed:
+            while len(self._ready) < len(self._processes):
+                if self._failed:
+                    raise WorkerStartupError(f"worker failed to start: {next(iter(self._failed.values()))}")
+                dead = [p.name for p in self._processes if p.exitcode is not None]
+                if dead:
+                    raise WorkerStartupError(f"worker process {dead[0]} exited during start-up")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WorkerStartupError(f"workers not ready within {timeout:g}s")
+                self._state_changed.wait(min(remaining, 0.2))
+
+    def _put(self, item: LocalItem | None) -> None:
+        self._inbox.put(item)
+
+    def _qsize(self) -> int:
+        return self._inbox.qsize()
+
+    def _future(self, size: int, timeout: float) -> tuple[Any, Future]:
+        task = next(self._tasks)
+        future = _LocalFuture(size, timeout, lambda: self._forget(task))
+        with self._futures_lock:
+            self._futures[task] = future
+        return task, future
+
+    def _forget(self, task: int) -> None:
+        with self._futures_lock:
+            self._futures.pop(task, None)
+
+    def _collect(self) -> None:
+        while True:
+            kind, slot, body = self._outbox.get()
+            if kind == "results":
+                self._route(body)
+            elif kind == "stats":
+                for field in ("batches", "items", "errors", "expired"):
+                    setattr(self.stats, field, getattr(self.stats, field) + getattr(body, field))
+            elif kind == "stop":
+                return
+            else:
+                with self._state_changed:
+                    (self._ready.add(slot) if kind == "ready" else self._failed.__setitem__(slot, body))
+                    self._state_changed.notify_all()
+
+    def _route(self, results: list[tuple[int, int, Outcome[Any]]]) -> None:
+        for task, index, outcome in results:
+            with self._futures_lock:
+                future = self._futures.get(task)
+            if future is not None:
+                future._deliver(index, outcome)
+                if future.done():
+                    self._forget(task)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._processes:
+            self._inbox.put(None)
+        for process in self._processes:
+            process.join(timeout=self.timeout)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+        self._outbox.put(("stop", -1, None))
+        self._collector.join(timeout=5)
+
+
+class _LocalFuture(Future):
+    def __init__(self, size: int, timeout: float, on_expired: Callable[[], None]) -> None:
+        super().__init__(size, timeout)
+        self._on_expired = on_expired
+
+    def _expired(self) -> None:
+        self._on_expired()
+

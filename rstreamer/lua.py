@@ -1,0 +1,30 @@
+"""Every Lua script rstreamer runs, in one place."""
+from __future__ import annotations
+
+# KEYS[1] request stream. ARGV: max_queue (0 = no limit), group, token, deadline_ms, payload...
+# Returns the number of items added, or -1 when the undelivered backlog is at max_queue.
+# Check and add happen in one script so that concurrent callers cannot overshoot the limit.
+ENQUEUE = """
+local max_queue = tonumber(ARGV[1])
+if max_queue > 0 then
+  local backlog = redis.call('XLEN', KEYS[1])
+  local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[2])
+  if ok then backlog = backlog - pending[1] end
+  if backlog >= max_queue then return -1 end
+end
+for i = 5, #ARGV do
+  redis.call('XADD', KEYS[1], '*', 't', ARGV[3], 'i', i - 5, 'd', ARGV[4], 'p', ARGV[i])
+end
+return #ARGV - 4
+"""
+
+# KEYS[1] workers hash. ARGV: consumer name, JSON info, key TTL in ms.
+# The server's clock stamps the beat, so liveness never depends on clocks agreeing.
+HEARTBEAT = """
+local now = redis.call('TIME')
+local info = cjson.decode(ARGV[2])
+info['seen_ms'] = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(info))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return info['seen_ms']
+"""

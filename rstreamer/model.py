@@ -1,0 +1,94 @@
+"""The model contract a worker runs."""
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+from .errors import ConfigError
+
+
+class ManagedModel:
+    """A model built inside its worker process, after the GPU is chosen.
+
+    Subclass it and implement :meth:`init_model` (load weights) and :meth:`predict`
+    (a batch in, one output per input out). ``gpu_id`` is the device index the process was
+    placed on, or None on CPU; ``CUDA_VISIBLE_DEVICES`` is already set when it is built.
+    """
+
+    def __init__(self, gpu_id: int | None = None) -> None:
+        self.model: Any = None
+        self.gpu_id = gpu_id
+        self.set_gpu_id(gpu_id)
+
+    @staticmethod
+    def set_gpu_id(gpu_id: int | None = None) -> None:
+        """Make only ``gpu_id`` visible to CUDA (service-streamer compatible)."""
+        if gpu_id is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+
+    def init_model(self, *args: Any, **kwargs: Any) -> None:
+        """Load the model; called once per worker process with the model init args."""
+        raise NotImplementedError
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        """Return one output per item of ``batch``, in order."""
+        raise NotImplementedError
+
+
+Predictor = Callable[[list[Any]], Sequence[Any]]
+ModelSpec = Union[type[ManagedModel], Predictor, str]
+
+
+def import_string(ref: str) -> Any:
+    """Import ``package.module:Name`` (or ``package.module.Name``)."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep:
+        module_name, _, attr = ref.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"expected 'package.module:Name', got {ref!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {ref!r}: {exc}") from exc
+    return target
+
+
+def model_ref(model: ModelSpec) -> ModelSpec:
+    """An import string for ``model`` when it has one, so a child process imports its module
+    only after CUDA_VISIBLE_DEVICES is set; otherwise ``model`` itself."""
+    if isinstance(model, str):
+        return model
+    module = getattr(model, "__module__", None)
+    qualname = getattr(model, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:
+        return f"{module}:{qualname}"
+    return model
+
+
+def load_predictor(
+    model: ModelSpec,
+    gpu_id: int | None = None,
+    init_args: Sequence[Any] | None = None,
+    init_kwargs: dict[str, Any] | None = None,
+) -> Predictor:
+    """Build the batch predict function of a worker.
+
+    ``model`` is a ManagedModel subclass (built with ``gpu_id``, then ``init_model``), a plain
+    batch function, or an import string naming either.
+    """
+    target = import_string(model) if isinstance(model, str) else model
+    if isinstance(target, type) and issubclass(target, ManagedModel):
+        instance = target(gpu_id)
+        instance.init_model(*(init_args or ()), **(init_kwargs or {}))
+        return instance.predict
+    if isinstance(target, type):
+        raise ConfigError(f"{target.__name__} is not a ManagedModel subclass")
+    if callable(target):
+        if init_args or init_kwargs:
+            raise ConfigError("model init args need a ManagedModel class, not a plain function")
+        return target  # type: ignore[no-any-return]
+    raise ConfigError(f"{model!r} is neither a ManagedModel class nor a batch function")

@@ -1,0 +1,90 @@
+"""Typed, validated settings with defaults, overridable from ``RSTREAMER_*`` variables."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+ENV_PREFIX = "RSTREAMER_"
+
+_S = TypeVar("_S", bound="_EnvSettings")
+
+
+def redis_url_from_env(default: str = DEFAULT_REDIS_URL) -> str:
+    """The broker URL from ``RSTREAMER_REDIS_URL``, else ``default``."""
+    return os.environ.get(ENV_PREFIX + "REDIS_URL") or default
+
+
+def _positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+class _EnvSettings:
+    @classmethod
+    def from_env(cls: type[_S], **overrides: Any) -> _S:
+        """Defaults, then ``RSTREAMER_<FIELD>`` variables, then non-None ``overrides``."""
+        values: dict[str, Any] = {}
+        for field in fields(cls):  # type: ignore[arg-type]
+            raw = os.environ.get(ENV_PREFIX + field.name.upper())
+            if raw not in (None, ""):
+                kind = type(field.default)
+                try:
+                    values[field.name] = kind(raw)
+                except ValueError as exc:
+                    raise ConfigError(f"{ENV_PREFIX}{field.name.upper()}={raw!r}: {exc}") from exc
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self: _S, **changes: Any) -> _S:
+        return replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class ClientSettings(_EnvSettings):
+    """Web-side settings of a RedisStreamer.
+
+    timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``).
+    max_queue: refuse new work while this many items wait undelivered; 0 disables.
+    max_item_bytes: largest encoded item a call may send.
+    """
+
+    timeout: float = 20.0
+    max_queue: int = 10_000
+    max_item_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        _positive("timeout", self.timeout)
+        _positive("max_queue", self.max_queue, allow_zero=True)
+        _positive("max_item_bytes", self.max_item_bytes)
+
+
+@dataclass(frozen=True)
+class WorkerSettings(_EnvSettings):
+    """Worker-side settings: batching, liveness, reclaim and delivery limits (seconds)."""
+
+    batch_size: int = 64
+    max_latency: float = 0.1
+    heartbeat_interval: float = 0.5
+    dead_after: float = 2.0
+    reclaim_interval: float = 0.5
+    max_deliveries: int = 3
+    reply_ttl: float = 60.0
+    idle_block: float = 1.0
+    drain_timeout: float = 30.0
+    max_item_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        _positive("max_latency", self.max_latency, allow_zero=True)
+        for name in ("heartbeat_interval", "reclaim_interval", "reply_ttl", "idle_block",
+                     "drain_timeout", "max_item_bytes"):
+            _positive(name, getattr(self, name))
+        if self.dead_after <= 2 * self.heartbeat_interval:
+            raise ConfigError("dead_after must exceed twice the heartbeat_interval")
+        if self.max_deliveries < 1:
+            raise ConfigError("max_deliveries must be >= 1")
