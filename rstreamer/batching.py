@@ -154,11 +154,16 @@ class BatchStats:
     expired: int = 0
 
 
+BatchObserver = Callable[[int, float, int], None]
+"""Called after each batch with (items, predict seconds, failed items), e.g. for metrics."""
+
+
 def answer_batch(
     predict: Callable[[list[Any]], Sequence[Any]],
     items: Sequence[I],
     stats: BatchStats,
     now: float | None = None,
+    observe: BatchObserver | None = None,
 ) -> list[tuple[I, Outcome[Any]]]:
     """Run the items whose deadline is still ahead; the others are answered as expired."""
     now = time.time() if now is None else now
@@ -167,9 +172,13 @@ def answer_batch(
     started = time.perf_counter()
     outcomes = predict_isolated(predict, [item.payload for item in live])
     if live:
+        seconds = time.perf_counter() - started
+        failed = sum(not outcome.ok for outcome in outcomes)
         stats.batches += 1
         stats.items += len(live)
-        stats.errors += sum(not outcome.ok for outcome in outcomes)
-        logger.debug("batch of %d in %.1f ms", len(live), (time.perf_counter() - started) * 1000)
+        stats.errors += failed
+        logger.debug("batch of %d in %.1f ms", len(live), seconds * 1000)
+        if observe is not None:
+            observe(len(live), seconds, failed)
     stats.expired += len(expired)
     return list(zip(live, outcomes)) + [(item, EXPIRED) for item in expired]

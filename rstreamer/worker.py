@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from .batching import BatchPolicy, BatchStats, Failure, Outcome, answer_batch, collect_batch
+from .batching import BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch, collect_batch
 from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .keys import Keys
 from .liveness import Heartbeat
@@ -104,7 +104,9 @@ class RedisWorker:
         gpu_id: int | None = None,
         settings: WorkerSettings | None = None,
         adaptive: bool = True,
+        observe: BatchObserver | None = None,
     ) -> None:
+        self.observe = observe
         self.settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
         self.policy = BatchPolicy(batch_size, max_latency, adaptive)
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
@@ -206,7 +208,8 @@ class RedisWorker:
                 dead.append(DeadLetter(entry_id, fields, f"malformed: {exc}"))
                 if exc.token:
                     answers.append(Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead")))
-        answers += [Answer(r.token, r.index, outcome) for r, outcome in answer_batch(self._predict, requests, self.stats)]
+        ran = answer_batch(self._predict, requests, self.stats, observe=self.observe)
+        answers += [Answer(request.token, request.index, outcome) for request, outcome in ran]
         self._finish(answers, dead, [entry_id for entry_id, _ in entries])
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:

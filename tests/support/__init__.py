@@ -1,0 +1,1 @@
+"""Helpers shared by the test suite: models and process fixtures."""

@@ -1,0 +1,84 @@
+"""Start and reliably stop real worker processes for tests."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from rstreamer.keys import Keys
+from rstreamer.liveness import read_workers
+
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+
+
+def test_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class WorkerProcesses:
+    """Factory of worker processes; every one is killed at teardown."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, prefix: str, model: str = "support.models:Doubler", wait: bool = True, **spec: Any) -> subprocess.Popen[bytes]:
+        spec = {"model": model, "url": self.url, "prefix": prefix, **spec}
+        proc = subprocess.Popen(
+            [sys.executable, str(TESTS / "support" / "run_worker.py"), json.dumps(spec)],
+            env=test_env(), start_new_session=True,
+        )
+        self.procs.append(proc)
+        if wait:
+            wait_for_workers(self.url, prefix, pids={proc.pid})
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+
+
+def live_pids(url: str, prefix: str) -> set[int]:
+    client = redis.Redis.from_url(url)
+    try:
+        _, workers = read_workers(client, Keys(prefix))
+    finally:
+        client.close()
+    return {int(info["pid"]) for info in workers.values()}
+
+
+def wait_for_workers(url: str, prefix: str, pids: set[int] | None = None, count: int = 1, timeout: float = 20.0) -> None:
+    """Wait until the given pids (or ``count`` workers) heart-beat on ``prefix``."""
+    def ready() -> bool:
+        live = live_pids(url, prefix)
+        return pids <= live if pids else len(live) >= count
+    wait_until(ready, timeout, what=f"workers {pids or count} on {prefix}")

@@ -1,0 +1,23 @@
+"""Run one RedisWorker process from a JSON spec (argv[1]); used by the process fixtures."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from rstreamer import RedisWorker, WorkerSettings
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    logging.basicConfig(level=spec.get("log_level", "WARNING"), format="%(asctime)s worker %(levelname)s %(message)s")
+    settings = WorkerSettings(**spec.get("settings", {}))
+    worker = RedisWorker(
+        spec["model"], spec.get("batch_size", 16), spec.get("max_latency", 0.02), spec["url"], spec["prefix"],
+        model_init_kwargs=spec.get("init_kwargs"), settings=settings,
+    )
+    worker.run_forever()
+
+
+if __name__ == "__main__":
+    main()

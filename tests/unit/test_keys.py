@@ -1,0 +1,301 @@
+"""Unit tests of rstreamer.keys: the key scheme, prefix validation and reply tokens (no Redis)."""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+
+import pytest
+
+from rstreamer.errors import ConfigError
+from rstreamer.keys import (
+    DEFAULT_PREFIX,
+    GROUP,
+    REQUESTS_PATTERN,
+    Keys,
+    is_reply_token,
+    prefix_of_requests_key,
+    validate_prefix,
+)
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # hypothesis is optional; the property tests are left out without it
+    given = None
+
+PREFIXES = ["default", "a", "Z", "0", "resnet50", "bert-base.v2_int8", "-", ".", "_", "x" * 100]
+TOKENS = ["c:0", "client:1", "host-1.pid_2:123", "a" * 64 + ":" + "9" * 20]
+
+
+def all_keys(keys: Keys) -> list[str]:
+    return [keys.requests, keys.dead, keys.workers] + [keys.reply(t) for t in TOKENS]
+
+
+def hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes (the rule from the cluster specification)."""
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+# --- key layout ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_every_key_starts_with_namespace_and_hash_tagged_prefix(prefix):
+    for key in all_keys(Keys(prefix)):
+        assert key.startswith(f"rstreamer:{{{prefix}}}:"), key
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_no_key_has_an_empty_segment(prefix):
+    for key in all_keys(Keys(prefix)):
+        assert "::" not in key, key
+        assert not key.endswith(":"), key
+        assert key.count("{") == 1 and key.count("}") == 1, key
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_all_keys_of_a_prefix_share_one_cluster_slot(prefix):
+    # the worker's MULTI touches the stream and reply keys together
+    assert {hash_tag(key) for key in all_keys(Keys(prefix))} == {prefix}
+
+
+def test_keys_of_different_prefixes_differ():
+    a, b = Keys("a"), Keys("b")
+    assert not set(all_keys(a)) & set(all_keys(b))
+
+
+def test_exact_key_names():
+    keys = Keys("bert")
+    assert keys.requests == "rstreamer:{bert}:requests"
+    assert keys.dead == "rstreamer:{bert}:dead"
+    assert keys.workers == "rstreamer:{bert}:workers"
+    assert keys.reply("web-1:42") == "rstreamer:{bert}:reply:web-1:42"
+
+
+def test_keys_of_one_prefix_are_distinct():
+    keys = all_keys(Keys("p"))
+    assert len(set(keys)) == len(keys)
+
+
+def test_group_is_a_constant_name_not_a_key():
+    assert Keys("a").group == Keys("b").group == GROUP == "workers"
+
+
+def test_keys_is_frozen_and_hashable():
+    keys = Keys("a")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        keys.prefix = "b"  # type: ignore[misc]
+    assert hash(keys) == hash(Keys("a"))
+    assert keys == Keys("a") != Keys("b")
+
+
+def test_requests_pattern_matches_only_requests_keys():
+    for prefix in PREFIXES:
+        keys = Keys(prefix)
+        assert fnmatch.fnmatchcase(keys.requests, REQUESTS_PATTERN)
+        assert not fnmatch.fnmatchcase(keys.dead, REQUESTS_PATTERN)
+        assert not fnmatch.fnmatchcase(keys.workers, REQUESTS_PATTERN)
+        assert not fnmatch.fnmatchcase(keys.reply("c:1"), REQUESTS_PATTERN)
+
+
+# --- prefixes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("empty", ["", None])
+def test_empty_prefix_means_default(empty):
+    assert validate_prefix(empty) == DEFAULT_PREFIX == "default"
+    assert Keys(empty).prefix == "default"
+    assert Keys(empty) == Keys("default")
+    assert Keys(empty).requests == "rstreamer:{default}:requests"
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_valid_prefix_is_returned_unchanged(prefix):
+    assert validate_prefix(prefix) == prefix
+    assert Keys(prefix).prefix == prefix
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "{a",
+        "a}",
+        "{a}",
+        "a:b",
+        ":",
+        "a b",
+        " a",
+        "a ",
+        "a\n",
+        "a\t",
+        "a\x00",
+        "a/b",
+        "../x",
+        "a*",
+        "a?",
+        "[a]",
+        "é",
+        "x" * 101,
+        "x" * 1000,
+        "٣",  # a digit, but not an ASCII one
+    ],
+    ids=repr,
+)
+def test_invalid_prefix_raises_config_error(prefix):
+    with pytest.raises(ConfigError):
+        validate_prefix(prefix)
+    with pytest.raises(ConfigError):
+        Keys(prefix)
+
+
+@pytest.mark.parametrize("prefix", [123, b"abc", ["a"], 1.5], ids=repr)
+def test_non_str_prefix_raises_config_error(prefix):
+    with pytest.raises(ConfigError):
+        validate_prefix(prefix)  # type: ignore[arg-type]
+
+
+def test_config_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        Keys("a:b")
+
+
+# --- reply tokens --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", TOKENS)
+def test_valid_reply_tokens(token):
+    assert is_reply_token(token) is True
+    assert Keys("p").reply(token) == f"rstreamer:{{p}}:reply:{token}"
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "",
+        "c",
+        "c:",
+        ":1",
+        ":",
+        "c:1a",
+        "c:-1",
+        "c:+1",
+        "c:1.0",
+        "c: 1",
+        "c:1 ",
+        "c:1\n",
+        "\nc:1",
+        "../x",
+        "../x:1",
+        "a/b:1",
+        "a:b:c",
+        "a:1:2",
+        "a:b:1",
+        "a}:1",
+        "{a}:1",
+        "c:1}",
+        "rstreamer:{other}:requests",
+        "a b:1",
+        "a*:1",
+        "é:1",
+        "c:٣",  # a digit, but not an ASCII one
+        "c:" + "1" * 21,
+        "a" * 65 + ":1",
+    ],
+    ids=repr,
+)
+def test_invalid_reply_token_is_refused(token):
+    assert is_reply_token(token) is False
+    with pytest.raises(ValueError):
+        Keys("p").reply(token)
+
+
+@pytest.mark.parametrize("token", [None, b"c:1", 1, ("c", 1)], ids=repr)
+def test_non_str_reply_token_is_refused(token):
+    assert is_reply_token(token) is False  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Keys("p").reply(token)  # type: ignore[arg-type]
+
+
+# --- prefix_of_requests_key ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_prefix_of_requests_key_roundtrips(prefix):
+    assert prefix_of_requests_key(Keys(prefix).requests) == prefix
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "requests",
+        "rstreamer:{a}:dead",
+        "rstreamer:{a}:workers",
+        "rstreamer:{a}:reply:c:1",
+        "rstreamer:{a}:requests:x",
+        "rstreamer:{a}:requests\n",
+        "x:rstreamer:{a}:requests",
+        "other:{a}:requests",
+        "rstreamer:a:requests",
+        "rstreamer:{}:requests",
+        "rstreamer:{a:b}:requests",
+        "rstreamer:{a}b}:requests",
+        "rstreamer:{{a}}:requests",
+        "rstreamer:{" + "x" * 101 + "}:requests",
+    ],
+    ids=repr,
+)
+def test_prefix_of_other_keys_is_none(key):
+    assert prefix_of_requests_key(key) is None
+
+
+def test_prefix_of_requests_key_of_other_keys_of_a_prefix_is_none():
+    keys = Keys("p")
+    for key in [keys.dead, keys.workers, keys.reply("c:1")]:
+        assert prefix_of_requests_key(key) is None
+
+
+# --- properties (hypothesis) ---------------------------------------------------------------
+
+if given is not None:
+    _FAST = settings(max_examples=100, deadline=None, database=None)
+    _prefix = st.from_regex(r"[A-Za-z0-9_.\-]{1,100}", fullmatch=True)
+    _token = st.from_regex(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}", fullmatch=True)
+
+    @_FAST
+    @given(_prefix, _token)
+    def test_property_valid_prefix_and_token(prefix, token):
+        keys = Keys(prefix)
+        assert prefix_of_requests_key(keys.requests) == prefix
+        for key in [keys.requests, keys.dead, keys.workers, keys.reply(token)]:
+            assert key.startswith(f"rstreamer:{{{prefix}}}:")
+            assert "::" not in key
+            assert hash_tag(key) == prefix
+
+    @_FAST
+    @given(st.text(max_size=120))
+    def test_property_any_text_is_a_valid_prefix_or_a_config_error(text):
+        try:
+            prefix = validate_prefix(text)
+        except ConfigError:
+            return
+        assert prefix == (text or "default")
+        assert not set(prefix) & set("{}: \n*?[]")
+        assert prefix_of_requests_key(Keys(prefix).requests) == prefix
+
+    @_FAST
+    @given(st.text(max_size=90))
+    def test_property_reply_key_never_escapes_its_prefix(text):
+        keys = Keys("p")
+        if not is_reply_token(text):
+            with pytest.raises(ValueError):
+                keys.reply(text)
+            return
+        key = keys.reply(text)
+        assert hash_tag(key) == "p"
+        assert key.count(":") == 5 and "::" not in key
