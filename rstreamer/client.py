@@ -6,6 +6,7 @@ import os
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -21,31 +22,34 @@ from .settings import ClientSettings, redis_url_from_env
 
 # A blocked BLPOP returns at least this often so that a vanished server is noticed within
 # the socket timeout instead of hanging.
-_BLPOP_SLICE = 2.0
+BLPOP_SLICE = 2.0
 
 
-class RedisStreamer(BaseStreamer):
-    """Send items to the workers of ``prefix`` through Redis and wait for their outputs.
+@dataclass(frozen=True)
+class Call:
+    """One submit, ready to enqueue: its reply key, encoded items and deadline."""
 
-    ``redis_broker`` is a ``redis://``, ``rediss://`` or ``unix://`` URL, or ``host:port``;
-    by default ``RSTREAMER_REDIS_URL``, else localhost. Safe to share between threads;
-    create one per process (after fork).
-    """
+    token: str
+    reply_key: str
+    payloads: list[bytes]
+    timeout: float
+    deadline: float
+
+
+class CallFactory:
+    """What the sync and async streamers share: settings, keys, reply tokens, encoding."""
 
     def __init__(
         self,
-        redis_broker: str | None = None,
-        prefix: str | None = None,
-        *,
-        timeout: float | None = None,
-        max_queue: int | None = None,
-        settings: ClientSettings | None = None,
+        redis_broker: str | None,
+        prefix: str | None,
+        timeout: float | None,
+        max_queue: int | None,
+        settings: ClientSettings | None,
     ) -> None:
         self.settings = settings or ClientSettings.from_env(timeout=timeout, max_queue=max_queue)
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix if prefix is not None else os.environ.get("RSTREAMER_PREFIX", ""))
-        self.redis = create_redis(self.url, socket_timeout=_BLPOP_SLICE + 3.0)
-        self._enqueue = self.redis.register_script(lua.ENQUEUE)
         self._identity_lock = threading.Lock()
         self._pid = -1
         self._client_id = ""
@@ -61,30 +65,60 @@ class RedisStreamer(BaseStreamer):
                     self._pid = os.getpid()
         return f"{self._client_id}:{next(self._tasks)}"
 
-    def _encode(self, batch: list[Any]) -> list[bytes]:
+    def new_call(self, batch: list[Any], timeout: float | None) -> Call:
+        """Encode ``batch``; raises EncodeError for an item that cannot be sent."""
         payloads = [codec.packb(item) for item in batch]
         limit = self.settings.max_item_bytes
         for index, payload in enumerate(payloads):
             if len(payload) > limit:
                 raise EncodeError(f"item {index} is {len(payload)} bytes encoded, over the limit of {limit}")
-        return payloads
+        token = self._next_token()
+        timeout = self.settings.timeout if timeout is None else timeout
+        return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout)
+
+    def enqueue_args(self, call: Call) -> dict[str, list[Any]]:
+        """Arguments of the ENQUEUE script for ``call``."""
+        return {
+            "keys": [self.keys.requests],
+            "args": [self.settings.max_queue, self.keys.group, call.token, int(call.deadline * 1000), *call.payloads],
+        }
+
+    def check_enqueued(self, added: int) -> None:
+        if added == -1:
+            raise Overloaded(
+                f"queue of prefix {self.keys.prefix!r} is full ({self.settings.max_queue} items waiting)"
+            )
+
+
+class RedisStreamer(BaseStreamer):
+    """Send items to the workers of ``prefix`` through Redis and wait for their outputs.
+
+    ``redis_broker`` is a ``redis://``, ``rediss://`` or ``unix://`` URL, or ``host:port``;
+    by default ``RSTREAMER_REDIS_URL``, else localhost. ``prefix`` defaults to
+    ``RSTREAMER_PREFIX``, else ``default``. Safe to share between threads; create one per
+    process (after fork).
+    """
+
+    def __init__(
+        self,
+        redis_broker: str | None = None,
+        prefix: str | None = None,
+        *,
+        timeout: float | None = None,
+        max_queue: int | None = None,
+        settings: ClientSettings | None = None,
+    ) -> None:
+        self.calls = CallFactory(redis_broker, prefix, timeout, max_queue, settings)
+        self.settings, self.url, self.keys = self.calls.settings, self.calls.url, self.calls.keys
+        self.redis = create_redis(self.url, socket_timeout=BLPOP_SLICE + 3.0)
+        self._enqueue = self.redis.register_script(lua.ENQUEUE)
 
     def submit(self, batch: list[Any], timeout: float | None = None) -> Future:
-        batch = list(batch)
-        timeout = self.settings.timeout if timeout is None else timeout
-        payloads = self._encode(batch)
-        token = self._next_token()
-        future = RedisFuture(self.redis, self.keys.reply(token), len(batch), timeout, self.url)
-        if not payloads:
-            return future
-        deadline_ms = int(future.deadline * 1000)
-        with broker_errors(self.url):
-            added = self._enqueue(
-                keys=[self.keys.requests],
-                args=[self.settings.max_queue, self.keys.group, token, deadline_ms, *payloads],
-            )
-        if added == -1:
-            raise Overloaded(f"queue of prefix {self.keys.prefix!r} is full ({self.settings.max_queue} items waiting)")
+        call = self.calls.new_call(list(batch), timeout)
+        future = RedisFuture(self.redis, call, self.url)
+        if call.payloads:
+            with broker_errors(self.url):
+                self.calls.check_enqueued(self._enqueue(**self.calls.enqueue_args(call)))
         return future
 
     def close(self) -> None:
@@ -94,10 +128,10 @@ class RedisStreamer(BaseStreamer):
 class RedisFuture(Future):
     """A Future whose answers are popped from the call's reply key when waited on."""
 
-    def __init__(self, client: redis.Redis, reply_key: str, size: int, timeout: float, url: str) -> None:
-        super().__init__(size, timeout)
+    def __init__(self, client: redis.Redis, call: Call, url: str) -> None:
+        super().__init__(len(call.payloads), call.timeout)
         self._redis = client
-        self._reply_key = reply_key
+        self._reply_key = call.reply_key
         self._url = url
         self._popping = threading.Lock()
 
@@ -108,7 +142,7 @@ class RedisFuture(Future):
                 if remaining <= 0:
                     return False
                 # BLPOP treats 0 as "forever", so never pass less than 10 ms.
-                block = max(0.01, min(remaining, _BLPOP_SLICE))
+                block = max(0.01, min(remaining, BLPOP_SLICE))
                 with broker_errors(self._url):
                     popped = self._redis.blpop([self._reply_key], timeout=block)
                 if popped:
