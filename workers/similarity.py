@@ -1,0 +1,79 @@
+"""Semantic search over a small bundled corpus, and pairwise sentence similarity.
+
+Each item of a batch is one of two forms:
+
+- a query string ``"how do I make pasta"`` ->
+  ``{"query": q, "matches": [{"text": str, "score": float}, ...]}``, the ``top_k`` corpus
+  sentences (``workers/data/corpus.txt``) closest to the query, best first, scored by cosine;
+- a pair ``{"a": str, "b": str}`` -> ``{"similarity": float}``, the cosine of the two sentences.
+
+Anything else raises TypeError naming the item. All the strings of a batch are embedded in one
+forward pass.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.embedding import EmbeddingModel
+
+#: The corpus searched by default: one sentence per line.
+CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
+
+
+def load_corpus(path: str | Path = CORPUS_PATH) -> list[str]:
+    """The non-blank lines of ``path``, stripped."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip()]
+
+
+def _check_item(i: int, item: Any) -> None:
+    if isinstance(item, str):
+        return
+    if isinstance(item, dict) and set(item) == {"a", "b"} and all(isinstance(v, str) for v in item.values()):
+        return
+    raise TypeError(f"item {i}: expected a query str or {{'a': str, 'b': str}}, got {type(item).__name__}"
+                    + (f" with keys {sorted(map(str, item))}" if isinstance(item, dict) else ""))
+
+
+class SimilarityModel(EmbeddingModel):
+    """Top-k semantic search over a bundled corpus (str items) and pairwise cosine ({"a", "b"} items)."""
+
+    def init_model(self, top_k: int = 3, device: str | None = None, torch_threads: int | None = None,
+                   corpus: str | Path | None = None) -> None:
+        """Load the encoder and embed the corpus (``corpus`` file, default the bundled one) once."""
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        super().init_model(device=device, torch_threads=torch_threads)
+        self.corpus = load_corpus(corpus if corpus is not None else CORPUS_PATH)
+        if not self.corpus:
+            raise ValueError("the corpus is empty")
+        self.top_k = min(top_k, len(self.corpus))
+        self.corpus_embeddings = self.encode(self.corpus)
+
+    def predict(self, batch: list[Any]) -> list[dict[str, Any]]:
+        """One result per item, in order: matches for a query str, a similarity for an {"a", "b"} pair."""
+        import torch
+
+        # Validate the whole batch before any model work, so a bad item fails fast and cheaply.
+        for i, item in enumerate(batch):
+            _check_item(i, item)
+        texts: list[str] = []
+        for item in batch:
+            texts.extend([item] if isinstance(item, str) else [item["a"], item["b"]])
+        emb = self.encode(texts)
+
+        out: list[dict[str, Any]] = []
+        row = 0
+        with torch.inference_mode():
+            for item in batch:
+                if isinstance(item, str):
+                    # Embeddings are normalized, so the dot product is the cosine.
+                    scores, idx = torch.topk(self.corpus_embeddings @ emb[row], self.top_k)
+                    out.append({"query": item, "matches": [
+                        {"text": self.corpus[j], "score": s} for s, j in zip(scores.tolist(), idx.tolist())]})
+                    row += 1
+                else:
+                    out.append({"similarity": float(emb[row] @ emb[row + 1])})
+                    row += 2
+        return out
