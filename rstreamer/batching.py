@@ -114,19 +114,22 @@ def predict_isolated(predict: Callable[[list[Any]], Sequence[Any]], inputs: list
         if len(inputs) == 1:
             logger.error("model raised %s on an item", type(exc).__name__, exc_info=True)
             return [Outcome(False, failure=Failure.from_exception(exc))]
+        outputs = None
+    if outputs is None:
+        # Split outside the except block so that logged tracebacks are not chained.
         middle = len(inputs) // 2
         return predict_isolated(predict, inputs[:middle]) + predict_isolated(predict, inputs[middle:])
     try:
-        outputs = list(outputs)
+        output_list: list[Any] | None = list(outputs)
     except TypeError:
-        outputs = None  # type: ignore[assignment]
-    if outputs is None or len(outputs) != len(inputs):
-        got = "a non-sequence" if outputs is None else f"{len(outputs)} outputs"
+        output_list = None
+    if output_list is None or len(output_list) != len(inputs):
+        got = "a non-sequence" if output_list is None else f"{len(output_list)} outputs"
         message = f"model returned {got} for a batch of {len(inputs)} inputs"
         logger.error(message)
         failure = Failure("BatchSizeMismatch", message, "mismatch")
         return [Outcome(False, failure=failure) for _ in inputs]
-    return [Outcome(True, value=output) for output in outputs]
+    return [Outcome(True, value=output) for output in output_list]
 
 
 class BatchItem(Protocol):
