@@ -57,3 +57,21 @@ class Placement(ManagedModel):
 class BrokenInit(ManagedModel):
     def init_model(self) -> None:
         raise RuntimeError("weights not found")
+
+
+class Recorder(ManagedModel):
+    """Doubler that appends every item it runs to a file, to count executions."""
+
+    def init_model(self, path: str, delay: float = 0.0) -> None:
+        self.path = path
+        self.delay = delay
+        self.inner = Doubler()
+        self.inner.init_model()
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        outputs = self.inner.predict(batch)
+        if self.delay:
+            time.sleep(self.delay)
+        with open(self.path, "a") as log:
+            log.write("".join(f"{item!r}\n" for item in batch))
+        return outputs

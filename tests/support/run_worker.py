@@ -12,9 +12,16 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     logging.basicConfig(level=spec.get("log_level", "WARNING"), format="%(asctime)s worker %(levelname)s %(message)s")
     settings = WorkerSettings(**spec.get("settings", {}))
+    if spec.get("supervised"):
+        from rstreamer.supervisor import Supervisor, WorkerSpec
+
+        worker_spec = WorkerSpec(spec["model"], spec.get("batch_size", 16), spec.get("max_latency", 0.02),
+                                 spec["url"], spec["prefix"], init_kwargs=spec.get("init_kwargs"),
+                                 settings=settings, log_level=spec.get("log_level", "WARNING"))
+        raise SystemExit(Supervisor(worker_spec, [None] * spec["supervised"]).run())
     worker = RedisWorker(
         spec["model"], spec.get("batch_size", 16), spec.get("max_latency", 0.02), spec["url"], spec["prefix"],
-        model_init_kwargs=spec.get("init_kwargs"), settings=settings,
+        model_init_kwargs=spec.get("init_kwargs"), settings=settings, adaptive=spec.get("adaptive", True),
     )
     worker.run_forever()
 
