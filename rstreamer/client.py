@@ -25,6 +25,15 @@ from .settings import ClientSettings, redis_url_from_env
 BLPOP_SLICE = 2.0
 
 
+def blpop_block(until: float) -> float | None:
+    """Seconds the next BLPOP may block before the monotonic time ``until``; None once it has passed."""
+    remaining = until - time.monotonic()
+    if remaining <= 0:
+        return None
+    # BLPOP treats 0 as "forever", so never pass less than 10 ms.
+    return max(0.01, min(remaining, BLPOP_SLICE))
+
+
 @dataclass(frozen=True)
 class Call:
     """One submit, ready to enqueue: its reply key, encoded items and deadline."""
@@ -138,16 +147,13 @@ class RedisFuture(Future):
     def _wait_until(self, until: float) -> bool:
         with self._popping:
             while not self.done():
-                remaining = until - time.monotonic()
-                if remaining <= 0:
+                block = blpop_block(until)
+                if block is None:
                     return False
-                # BLPOP treats 0 as "forever", so never pass less than 10 ms.
-                block = max(0.01, min(remaining, BLPOP_SLICE))
                 with broker_errors(self._url):
                     popped = self._redis.blpop([self._reply_key], timeout=block)
                 if popped:
-                    for index, outcome in unpack_results(popped[1]):
-                        self._deliver(index, outcome)
+                    self._deliver_all(unpack_results(popped[1]))
             return True
 
     def _expired(self) -> None:

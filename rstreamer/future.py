@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from .batching import Failure, Outcome
 from .errors import StreamerTimeout, remote_error_from
 
 
-class Future:
-    """Outputs of one ``submit(batch)`` call, in the order of the batch."""
+class BaseFuture:
+    """Answers of one ``submit(batch)`` call; how to wait for them is up to the subclass."""
 
     def __init__(self, size: int, timeout: float) -> None:
         self.size = size
@@ -27,9 +28,44 @@ class Future:
                 if len(self._outcomes) == self.size:
                     self._complete.notify_all()
 
+    def _deliver_all(self, results: Iterable[tuple[int, Outcome[Any]]]) -> None:
+        for index, outcome in results:
+            self._deliver(index, outcome)
+
     def done(self) -> bool:
         """True once every item has an answer."""
         return len(self._outcomes) == self.size
+
+    def _until(self, timeout: float | None) -> float:
+        """The monotonic time a wait of ``timeout`` seconds ends: never after the call's deadline."""
+        if timeout is None:
+            return self._deadline_mono
+        return min(self._deadline_mono, time.monotonic() + timeout)
+
+    def _past_deadline(self) -> bool:
+        return time.monotonic() >= self._deadline_mono
+
+    def _timeout_error(self) -> StreamerTimeout:
+        missing = self.size - len(self._outcomes)
+        if self._past_deadline():
+            return StreamerTimeout(
+                f"{missing} of {self.size} items unanswered after the call's {self.timeout:g}s timeout"
+            )
+        return StreamerTimeout(f"{missing} of {self.size} items not answered yet")
+
+    def _values(self) -> list[Any]:
+        values = []
+        for index in range(self.size):
+            outcome = self._outcomes[index]
+            if not outcome.ok:
+                failure = outcome.failure or Failure("Error", "unknown failure")
+                raise remote_error_from(failure.type, failure.message, failure.kind)
+            values.append(outcome.value)
+        return values
+
+
+class Future(BaseFuture):
+    """Outputs of one ``submit(batch)`` call, in the order of the batch."""
 
     def _wait_until(self, until: float) -> bool:
         """Wait until every item is answered or the monotonic time ``until``."""
@@ -45,25 +81,8 @@ class Future:
         Raises StreamerTimeout when ``timeout`` (or the call's own deadline, whichever is
         sooner) passes first.
         """
-        until = self._deadline_mono
-        if timeout is not None:
-            until = min(until, time.monotonic() + timeout)
-        if not self._wait_until(until):
-            missing = self.size - len(self._outcomes)
-            if time.monotonic() >= self._deadline_mono:
+        if not self._wait_until(self._until(timeout)):
+            if self._past_deadline():
                 self._expired()
-                raise StreamerTimeout(
-                    f"{missing} of {self.size} items unanswered after the call's {self.timeout:g}s timeout"
-                )
-            raise StreamerTimeout(f"{missing} of {self.size} items not answered yet")
+            raise self._timeout_error()
         return self._values()
-
-    def _values(self) -> list[Any]:
-        values = []
-        for index in range(self.size):
-            outcome = self._outcomes[index]
-            if not outcome.ok:
-                failure = outcome.failure or Failure("Error", "unknown failure")
-                raise remote_error_from(failure.type, failure.message, failure.kind)
-            values.append(outcome.value)
-        return values
