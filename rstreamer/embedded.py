@@ -1,12 +1,14 @@
 """A private redis-server on a free port, for the demo and the tests."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -60,6 +62,8 @@ class EmbeddedRedis:
                 try:
                     client.ping()
                     return self
+                except redis.AuthenticationError:
+                    return self  # it answered: it is up, and asks for a password
                 except redis.ConnectionError:
                     if self._process.poll() is not None or time.monotonic() > deadline:
                         self.stop()
@@ -87,3 +91,14 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def redis_url_or_embedded(env_var: str = "RSTREAMER_REDIS_URL") -> Iterator[str]:
+    """The URL in ``env_var`` if set, else that of an embedded Redis stopped on exit."""
+    url = os.environ.get(env_var)
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        yield server.url

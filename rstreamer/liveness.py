@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,11 +36,19 @@ def server_time_ms(time_reply: tuple[int, int]) -> int:
 
 def read_workers(client: redis.Redis, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
     """The server's time (ms) and every worker's last heartbeat info."""
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    pipe.hgetall(keys.workers)
-    now, raw = pipe.execute()
-    return server_time_ms(now), parse_workers(raw)
+    return parse_read_workers(client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
+
+
+def queue_read_workers(pipe: Any, keys: Keys) -> None:
+    """Add what :func:`read_workers` reads to a pipeline (also a Cluster one); see parse_read_workers."""
+    # EVAL, not EVALSHA: a pipeline cannot load a missing script on each Cluster node first.
+    pipe.eval(lua.READ_WORKERS, 1, keys.workers)
+
+
+def parse_read_workers(reply: list[Any]) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The reply of the READ_WORKERS script as ``(server time in ms, workers)``."""
+    seconds, micros, flat = reply
+    return server_time_ms((seconds, micros)), parse_workers(dict(zip(flat[::2], flat[1::2])))
 
 
 def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms: int) -> set[str]:
@@ -98,3 +107,15 @@ class Heartbeat:
             self._client.hdel(self._keys.workers, self._name)
         except redis.RedisError as exc:
             logger.warning("worker %s: could not remove heartbeat: %s", self._name, exc)
+
+
+def wait_for_live_workers(client: redis.Redis, keys: Keys, count: int, timeout: float, dead_after: float = 2.0) -> None:
+    """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now_ms, workers = read_workers(client, keys)
+        if len(live_workers(now_ms, workers, int(dead_after * 1000))) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} workers did not start within {timeout:g}s")
+        time.sleep(0.05)

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import redis
-
+from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
 
@@ -46,15 +45,19 @@ class WorkerProcesses:
         self.url = url
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, prefix: str, model: str = "support.models:Doubler", wait: bool = True, **spec: Any) -> subprocess.Popen[bytes]:
+    def start(
+        self, prefix: str, model: str = "support.models:Doubler", wait: bool = True,
+        log_path: Path | None = None, **spec: Any,
+    ) -> subprocess.Popen[bytes]:
         spec = {"model": model, "url": self.url, "prefix": prefix, **spec}
-        proc = subprocess.Popen(
-            [sys.executable, str(TESTS / "support" / "run_worker.py"), json.dumps(spec)],
-            env=test_env(), start_new_session=True,
-        )
+        with open(log_path or os.devnull, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(TESTS / "support" / "run_worker.py"), json.dumps(spec)],
+                env=test_env(), start_new_session=True, stderr=log if log_path else None,
+            )
         self.procs.append(proc)
         if wait:
-            wait_for_workers(self.url, prefix, pids={proc.pid})
+            wait_for_workers(spec["url"], prefix, pids={proc.pid})
         return proc
 
     def stop_all(self) -> None:
@@ -68,7 +71,8 @@ class WorkerProcesses:
 
 
 def live_pids(url: str, prefix: str) -> set[int]:
-    client = redis.Redis.from_url(url)
+    """Pids of the workers that heart-beat on ``prefix``."""
+    client = create_redis(url)  # any broker URL: Cluster, Sentinel, TLS
     try:
         _, workers = read_workers(client, Keys(prefix))
     finally:
