@@ -192,9 +192,16 @@ class RedisWorker:
             if entries:
                 self._process(entries)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            logger.warning("worker %s: Redis unavailable (%s); retrying", self.name, exc)
-            self._source.own_backlog_first = True
-            self._stopping.wait(1.0)
+            self._back_off(f"Redis unavailable ({exc})")
+        except redis.RedisError as exc:
+            # e.g. OOM under maxmemory or a failover's READONLY: transient, keep the worker alive.
+            self._back_off(f"Redis error {type(exc).__name__}: {exc}")
+
+    def _back_off(self, reason: str) -> None:
+        logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
+        # Whatever was read but not acked is re-read from our own pending list.
+        self._source.own_backlog_first = True
+        self._stopping.wait(1.0)
 
     def _process(self, entries: list[Entry]) -> None:
         requests: list[Request] = []
