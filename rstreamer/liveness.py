@@ -39,12 +39,6 @@ def read_workers(client: redis.Redis, keys: Keys) -> tuple[int, dict[str, dict[s
     return parse_read_workers(client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
 
 
-def queue_read_workers(pipe: Any, keys: Keys) -> None:
-    """Add what :func:`read_workers` reads to a pipeline (also a Cluster one); see parse_read_workers."""
-    # EVAL, not EVALSHA: a pipeline cannot load a missing script on each Cluster node first.
-    pipe.eval(lua.READ_WORKERS, 1, keys.workers)
-
-
 def parse_read_workers(reply: list[Any]) -> tuple[int, dict[str, dict[str, Any]]]:
     """The reply of the READ_WORKERS script as ``(server time in ms, workers)``."""
     seconds, micros, flat = reply
