@@ -1,10 +1,15 @@
 """Which GPU each worker process gets; shared by Streamer, the supervisor and the CLI."""
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from .errors import ConfigError
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+_environ_lock = threading.Lock()
 
 
 def round_robin(worker_num: int, cuda_devices: Sequence[int] | None) -> list[int | None]:
@@ -38,4 +43,27 @@ def parse_gpus(text: str | None) -> list[int]:
 def pin_process_to(gpu_id: int | None) -> None:
     """Make only ``gpu_id`` visible to CUDA in this process; call before importing the model."""
     if gpu_id is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+        os.environ[CUDA_VISIBLE_DEVICES] = str(gpu_id)
+
+
+@contextlib.contextmanager
+def child_environment(gpu_id: int | None) -> Iterator[None]:
+    """Set ``CUDA_VISIBLE_DEVICES`` for a child process started inside the block.
+
+    A ``spawn`` child inherits the parent's environment, so it has the variable before it
+    unpickles its arguments or imports anything (a model class passed by reference would
+    otherwise import its module, and maybe torch, before :func:`pin_process_to` runs).
+    """
+    if gpu_id is None:
+        yield
+        return
+    with _environ_lock:
+        saved = os.environ.get(CUDA_VISIBLE_DEVICES)
+        os.environ[CUDA_VISIBLE_DEVICES] = str(gpu_id)
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ[CUDA_VISIBLE_DEVICES]
+            else:
+                os.environ[CUDA_VISIBLE_DEVICES] = saved

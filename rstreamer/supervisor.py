@@ -1,11 +1,12 @@
 """Run Redis worker processes, one per GPU slot; replace the ones that die; drain on SIGTERM."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -13,16 +14,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .batching import BatchStats
+from .errors import ConfigError
+from .keys import Keys
 from .model import ModelSpec, model_ref
-from .placement import pin_process_to, round_robin
+from .placement import child_environment, pin_process_to, round_robin
 from .settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
+# Exit codes of a worker that stopped because it was told to (SIGTERM before or after its
+# handler was installed), as opposed to one that failed its drain or crashed.
+_DRAINED = (0, -signal.SIGTERM, -signal.SIGINT)
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker process needs; picklable, so it crosses ``spawn``."""
+    """Everything a worker process needs; picklable, so it crosses ``spawn``.
+
+    ``metrics_port``: the worker of slot ``i`` serves Prometheus metrics on ``metrics_port + i``
+    (None: no metrics). ``log_interval``: seconds between two info summary lines (0: none).
+    """
 
     model: ModelSpec
     batch_size: int
@@ -35,19 +47,84 @@ class WorkerSpec:
     adaptive: bool = True
     log_level: str = "INFO"
     metrics_port: int | None = None
+    log_interval: float = 10.0
 
 
 def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None:
     """Entry point of one worker process: pin the GPU, then import and serve the model."""
+    # The supervisor already set CUDA_VISIBLE_DEVICES in our environment (child_environment);
+    # pinning again covers the fork start method. The model is an import string, imported by
+    # run_forever(), so nothing of it is loaded before this line.
     pin_process_to(gpu_id)
-    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s %(levelname)s [slot {slot}] %(name)s: %(message)s")
+    device = "cpu" if gpu_id is None else f"gpu {gpu_id}"
+    logging.basicConfig(
+        level=spec.log_level,
+        format=f"%(asctime)s %(levelname)s [worker {slot} {device} pid %(process)d] %(name)s: %(message)s",
+    )
     from .worker import RedisWorker
 
+    metrics = _worker_metrics(spec, slot)
     worker = RedisWorker(
         spec.model, spec.batch_size, spec.max_latency, spec.redis_url, spec.prefix,
         spec.init_args, spec.init_kwargs, gpu_id=gpu_id, settings=spec.settings, adaptive=spec.adaptive,
+        observe=metrics.observe if metrics is not None else None,
     )
+    if metrics is not None:
+        metrics.track(worker.stats, worker.name, gpu_id)
+    if spec.log_interval > 0:
+        StatsSummary(worker.name, worker.stats, spec.log_interval).start()
     worker.run_forever()
+
+
+def _worker_metrics(spec: WorkerSpec, slot: int) -> Any:
+    if spec.metrics_port is None:
+        return None
+    from .metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(Keys(spec.prefix).prefix)
+    port = spec.metrics_port + slot
+    try:
+        metrics.serve(port)
+    except OSError as exc:
+        # Serving requests matters more than exposing metrics: keep going, loudly.
+        logger.error("cannot serve metrics on port %d (%s); running without a metrics endpoint", port, exc)
+    else:
+        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
+    return metrics
+
+
+class StatsSummary:
+    """Log one info line per ``interval`` seconds: batches, items and items/s of that interval."""
+
+    def __init__(self, name: str, stats: BatchStats, interval: float) -> None:
+        self.name = name
+        self.stats = stats
+        self.interval = interval
+        self._last = (stats.batches, stats.items, stats.errors, time.monotonic())
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"summary-{self.name}", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            self.report()
+
+    def report(self) -> None:
+        """Log the interval since the previous report (at debug when the worker was idle)."""
+        batches, items, errors, now = self.stats.batches, self.stats.items, self.stats.errors, time.monotonic()
+        last_batches, last_items, last_errors, last_time = self._last
+        self._last = (batches, items, errors, now)
+        done, count = batches - last_batches, items - last_items
+        elapsed = max(now - last_time, 1e-9)
+        level = logging.INFO if done else logging.DEBUG
+        logger.log(level, "worker %s: last %.0fs: %d batches, %d items (%.1f items/s, mean batch %.1f), "
+                   "%d failed; total %d items",
+                   self.name, elapsed, done, count, count / elapsed, count / max(done, 1), errors - last_errors,
+                   items)
 
 
 class CrashLoop(RuntimeError):
@@ -58,8 +135,9 @@ class Supervisor:
     """Keep one worker process alive per slot (a GPU id, or None for CPU).
 
     A process that exits while the supervisor is running is replaced after a backoff that
-    doubles per consecutive crash of its slot; ``max_restarts`` crashes within
-    ``restart_window`` seconds stop everything (a crash loop).
+    doubles per crash of its slot within ``restart_window`` seconds (``restart_backoff``,
+    then twice that, ... at most 30 s); more than ``max_restarts`` crashes of one slot within
+    the window is a crash loop: every worker is stopped and :meth:`run` returns 1.
     """
 
     def __init__(
@@ -69,93 +147,157 @@ class Supervisor:
         *,
         max_restarts: int = 5,
         restart_window: float = 60.0,
+        restart_backoff: float = 0.5,
         mp_start_method: str = "spawn",
     ) -> None:
-        self.spec = WorkerSpec(**{**spec.__dict__, "model": model_ref(spec.model)})
+        if not slots:
+            raise ConfigError("a supervisor needs at least one worker slot")
+        if max_restarts < 0 or restart_window <= 0 or restart_backoff < 0:
+            raise ConfigError("max_restarts and restart_backoff must be >= 0, restart_window > 0")
+        # An import string: the child imports the model after CUDA_VISIBLE_DEVICES is set.
+        self.spec = dataclasses.replace(spec, model=model_ref(spec.model))
         self.slots = list(slots)
         self.max_restarts = max_restarts
         self.restart_window = restart_window
+        self.restart_backoff = restart_backoff
         self._context = multiprocessing.get_context(mp_start_method)
         self._processes: dict[int, Any] = {}
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
         self._restart_at: dict[int, float] = {}
         self._stopping = threading.Event()
+        # stop() writes a byte here so that the watch loop wakes at once; safe in a signal handler.
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
 
     @property
     def pids(self) -> list[int]:
+        """Process ids of the current worker processes."""
         return [p.pid for p in self._processes.values() if p.pid is not None]
 
-    def _start(self, slot: int) -> None:
-        process = self._context.Process(
-            target=worker_process_main, args=(self.spec, self.slots[slot], slot),
-            name=f"rstreamer-worker-{slot}",
-        )
-        process.start()
-        self._processes[slot] = process
-        logger.info("supervisor: started worker slot %d (gpu %s) as pid %s", slot, self.slots[slot], process.pid)
-
     def stop(self) -> None:
-        """Forward SIGTERM to every worker; they drain, then ``run`` returns."""
+        """Ask every worker to drain and exit; ``run`` then returns. Safe from any thread or signal handler."""
         self._stopping.set()
-        for process in self._processes.values():
-            if process.exitcode is None and process.pid:
-                os.kill(process.pid, signal.SIGTERM)
+        try:
+            self._wake_writer.send(b"x")
+        except OSError:
+            pass  # already awake (buffer full) or run() has finished
+
+    def run(self) -> int:
+        """Supervise until stopped (0 once every worker drained, 1 if one had to be killed) or a crash loop (1)."""
+        previous = self._install_signal_handlers()
+        try:
+            return self._supervise()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self._wake_reader.close()
+            self._wake_writer.close()
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop()
 
-    def run(self) -> int:
-        """Supervise until stopped (0) or a crash loop (1)."""
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
-        for slot in range(len(self.slots)):
-            self._start(slot)
+    def _supervise(self) -> int:
         try:
+            for slot in range(len(self.slots)):
+                if not self._stopping.is_set():
+                    self._start(slot)
             while not self._stopping.is_set():
                 self._watch_once()
         except CrashLoop as exc:
-            logger.error("supervisor: %s; stopping", exc)
-            self.stop()
+            logger.error("crash loop: %s; stopping every worker and exiting with code 1 "
+                         "(the worker's own log lines above show why it died)", exc)
+            self._terminate_all()
             self._wait_all()
             return 1
-        self._wait_all()
-        return 0
+        logger.info("stopping; workers finish their current batch")
+        alive = self._terminate_all()
+        return 0 if self._wait_all(alive) else 1
+
+    def _start(self, slot: int) -> None:
+        gpu = self.slots[slot]
+        process = self._context.Process(
+            target=worker_process_main, args=(self.spec, gpu, slot), name=f"rstreamer-worker-{slot}",
+        )
+        with child_environment(gpu):
+            process.start()
+        self._processes[slot] = process
+        logger.info("started worker slot %d (%s) as pid %s",
+                    slot, "cpu" if gpu is None else f"gpu {gpu}", process.pid)
 
     def _watch_once(self) -> None:
-        sentinels = [p.sentinel for p in self._processes.values() if p.exitcode is None]
-        multiprocessing.connection.wait(sentinels, timeout=0.5) if sentinels else self._stopping.wait(0.5)
+        waitables = [self._wake_reader] + [p.sentinel for p in self._processes.values() if p.exitcode is None]
+        multiprocessing.connection.wait(waitables, timeout=self._next_timeout())
+        self._drain_wakeups()
         if self._stopping.is_set():
             return
         now = time.monotonic()
         for slot, process in list(self._processes.items()):
             if process.exitcode is not None and slot not in self._restart_at:
-                self._restart_at[slot] = now + self._backoff(slot, process.exitcode, now)
+                self._restart_at[slot] = now + self._backoff(slot, process, now)
         for slot, when in list(self._restart_at.items()):
             if now >= when:
                 del self._restart_at[slot]
                 self._start(slot)
 
-    def _backoff(self, slot: int, exitcode: int, now: float) -> float:
+    def _next_timeout(self) -> float:
+        if not self._restart_at:
+            return 5.0
+        return max(0.0, min(self._restart_at.values()) - time.monotonic())
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_reader.recv(64):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _backoff(self, slot: int, process: Any, now: float) -> float:
         crashes = self._crashes[slot]
         crashes.append(now)
         while crashes and now - crashes[0] > self.restart_window:
             crashes.popleft()
         if len(crashes) > self.max_restarts:
-            raise CrashLoop(f"worker slot {slot} died {len(crashes)} times in {self.restart_window:g}s "
-                            f"(last exit code {exitcode})")
-        delay = min(0.5 * 2 ** (len(crashes) - 1), 30.0)
-        logger.warning("supervisor: worker slot %d exited with code %s; restarting in %.1fs", slot, exitcode, delay)
+            raise CrashLoop(f"worker slot {slot} died {len(crashes)} times within {self.restart_window:g}s "
+                            f"(last: pid {process.pid}, exit code {process.exitcode})")
+        delay = min(self.restart_backoff * 2 ** (len(crashes) - 1), 30.0)
+        logger.warning("worker slot %d (pid %s) exited with code %s; restarting in %.1fs "
+                       "(%d of at most %d restarts within %gs)", slot, process.pid, process.exitcode, delay,
+                       len(crashes), self.max_restarts, self.restart_window)
         return delay
 
-    def _wait_all(self) -> None:
+    def _terminate_all(self) -> set[int]:
+        """SIGTERM every live worker; returns their slots."""
+        alive = set()
+        for slot, process in self._processes.items():
+            if process.exitcode is None:
+                process.terminate()
+                alive.add(slot)
+        return alive
+
+    def _wait_all(self, alive: set[int] | None = None) -> bool:
+        """Join every worker, killing those that outlive their drain; True if those in ``alive`` drained."""
         deadline = time.monotonic() + self.spec.settings.drain_timeout + 5
-        for process in self._processes.values():
+        drained = True
+        for slot, process in self._processes.items():
             process.join(timeout=max(0.1, deadline - time.monotonic()))
             if process.exitcode is None:
-                logger.warning("supervisor: worker pid %s did not drain in time; killing it", process.pid)
+                logger.error("worker slot %d (pid %s) did not drain in time; killing it", slot, process.pid)
                 process.kill()
                 process.join(timeout=5)
+            if alive is not None and slot in alive:
+                drained = drained and process.exitcode in _DRAINED
+                logger.info("worker slot %d (pid %s) exited with code %s", slot, process.pid,
+                            process.exitcode)
+        return drained
 
 
 def run_redis_workers_forever(
