@@ -1,0 +1,178 @@
+"""What ``rstreamer status`` reports: queue depth, pending, dead letters, live workers, throughput.
+
+Each snapshot reads, for every prefix asked about, the workers hash with the server's time (one
+script call per prefix, so it also works on Redis Cluster), then XLEN, XPENDING summary and XLEN
+of the dead stream (one pipelined round trip). Throughput comes from two snapshots ``interval``
+seconds apart: for each worker live in both, the growth of the ``items`` and ``batches``
+counters of its heartbeat divided by the time between its two heartbeat stamps (the Redis
+server's clock), summed over workers. Heartbeats come every ``heartbeat_interval`` (0.5 s by
+default), so a 1 s window is a coarse, recent rate, not an average since start.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .connection import is_nogroup
+from .keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
+from .liveness import live_workers, read_workers
+
+_WORKER_COUNTERS = ("batches", "items", "errors", "expired", "reclaimed", "dead_lettered")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The raw state of one prefix at one instant (server time, ms)."""
+
+    prefix: str
+    now_ms: int
+    stream_length: int
+    pending: int
+    pending_by_consumer: dict[str, int]
+    dead_letters: int
+    workers: dict[str, dict[str, Any]]
+
+    @property
+    def queue_length(self) -> int:
+        """Entries not yet delivered: acked entries are XDELed, so XLEN counts waiting plus pending."""
+        return max(0, self.stream_length - self.pending)
+
+
+def take_snapshots(client: redis.Redis, prefixes: list[str]) -> list[Snapshot]:
+    """The workers of each prefix (with its server's clock), then one pipelined read of the queues."""
+    # read_workers is a script, which a Redis Cluster pipeline cannot carry: one call per prefix.
+    heartbeats = [read_workers(client, Keys(prefix)) for prefix in prefixes]
+    pipe = client.pipeline(transaction=False)
+    for prefix in prefixes:
+        keys = Keys(prefix)
+        pipe.xlen(keys.requests)
+        pipe.xpending(keys.requests, keys.group)
+        pipe.xlen(keys.dead)
+    replies = pipe.execute(raise_on_error=False)
+    return [_snapshot(prefix, heartbeats[i], replies[3 * i:3 * i + 3]) for i, prefix in enumerate(prefixes)]
+
+
+def _snapshot(prefix: str, heartbeats: tuple[int, dict[str, dict[str, Any]]], replies: list[Any]) -> Snapshot:
+    length, pending, dead = replies
+    if is_nogroup(pending):
+        pending = {"pending": 0, "consumers": []}  # no stream or no group yet: nothing delivered
+    for reply in (length, pending, dead):
+        if isinstance(reply, Exception):
+            raise reply
+    now_ms, workers = heartbeats
+    by_consumer = {_text(c["name"]): int(c["pending"]) for c in pending.get("consumers") or []}
+    return Snapshot(Keys(prefix).prefix, now_ms, int(length), int(pending["pending"]), by_consumer,
+                    int(dead), workers)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def worker_rows(snapshot: Snapshot, dead_after: float) -> list[dict[str, Any]]:
+    """One object per live worker (heartbeat at most ``dead_after`` seconds old), sorted by name."""
+    rows = []
+    for name in sorted(live_workers(snapshot.now_ms, snapshot.workers, int(dead_after * 1000))):
+        info = snapshot.workers[name]
+        row = {"name": name, "host": info.get("host"), "pid": info.get("pid"), "gpu": info.get("gpu"),
+               "last_seen_s": round(max(0, snapshot.now_ms - info["seen_ms"]) / 1000, 3)}
+        row.update({counter: int(info.get(counter, 0)) for counter in _WORKER_COUNTERS})
+        row["pending"] = snapshot.pending_by_consumer.get(name, 0)
+        rows.append(row)
+    return rows
+
+
+def throughput(before: Snapshot, after: Snapshot, dead_after: float) -> dict[str, float]:
+    """Items/s and batches/s of the workers live in ``after`` between the two snapshots."""
+    rates = {"items": 0.0, "batches": 0.0}
+    for name in live_workers(after.now_ms, after.workers, int(dead_after * 1000)):
+        old, new = before.workers.get(name), after.workers[name]
+        seconds = (new["seen_ms"] - old["seen_ms"]) / 1000 if old else 0.0
+        if seconds <= 0:
+            continue  # new worker, or no heartbeat between the snapshots
+        for counter in rates:
+            rates[counter] += max(0, new.get(counter, 0) - old.get(counter, 0)) / seconds
+    return {"items_per_s": round(rates["items"], 2), "batches_per_s": round(rates["batches"], 2),
+            "window_s": round((after.now_ms - before.now_ms) / 1000, 3)}
+
+
+def prefix_status(
+    client: redis.Redis,
+    prefix: str,
+    dead_after: float,
+    interval: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """The status of one prefix; throughput is measured over ``interval`` seconds (0: not measured)."""
+    first = take_snapshots(client, [prefix])[0]
+    last = first
+    if interval > 0:
+        sleep(interval)
+        last = take_snapshots(client, [prefix])[0]
+    return {
+        "prefix": last.prefix,
+        "queue_length": last.queue_length,
+        "pending": last.pending,
+        "dead_letters": last.dead_letters,
+        "workers": worker_rows(last, dead_after),
+        "throughput": throughput(first, last, dead_after) if interval > 0 else None,
+    }
+
+
+def list_prefixes(client: redis.Redis) -> list[str]:
+    """Every prefix that has a request stream (SCAN, so it does not block the server)."""
+    found = set()
+    for key in client.scan_iter(match=REQUESTS_PATTERN, count=1000):
+        prefix = prefix_of_requests_key(_text(key))
+        if prefix:
+            found.add(prefix)
+    return sorted(found)
+
+
+def all_prefixes_status(client: redis.Redis, dead_after: float) -> list[dict[str, Any]]:
+    """A one-line summary of every prefix."""
+    return [
+        {"prefix": s.prefix, "queue_length": s.queue_length, "pending": s.pending, "dead_letters": s.dead_letters,
+         "live_workers": len(live_workers(s.now_ms, s.workers, int(dead_after * 1000)))}
+        for s in take_snapshots(client, list_prefixes(client))
+    ]
+
+
+def format_prefix_status(status: dict[str, Any]) -> str:
+    """``status`` (from :func:`prefix_status`) as a human-readable table."""
+    lines = [
+        f"prefix        {status['prefix']}",
+        f"queue length  {status['queue_length']}  (waiting, not yet delivered)",
+        f"pending       {status['pending']}  (delivered to a worker, not yet acked)",
+        f"dead letters  {status['dead_letters']}",
+    ]
+    rate = status.get("throughput")
+    if rate:
+        lines.append(f"throughput    {rate['items_per_s']:.1f} items/s, {rate['batches_per_s']:.1f} batches/s "
+                     f"(last {rate['window_s']:.1f}s)")
+    lines.append(f"workers       {len(status['workers'])} live")
+    columns = ("name", "host", "pid", "gpu", "last_seen_s", "batches", "items", "errors", "pending")
+    rows = [[_cell(worker[c]) for c in columns] for worker in status["workers"]]
+    return "\n".join(lines + ([""] + _table(columns, rows) if rows else []))
+
+
+def format_all_prefixes(summaries: list[dict[str, Any]]) -> str:
+    """The summaries of :func:`all_prefixes_status` as a table."""
+    if not summaries:
+        return "no prefixes (no request stream found)"
+    columns = ("prefix", "queue_length", "pending", "dead_letters", "live_workers")
+    return "\n".join(_table(columns, [[_cell(s[c]) for c in columns] for s in summaries]))
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*(c.upper() for c in columns)).rstrip()] + [fmt.format(*row).rstrip() for row in rows]
