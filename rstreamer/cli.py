@@ -1,22 +1,374 @@
-"""Command-line entry points: ``rstreamer`` (demo, status, bench) and ``rstreamer-worker``."""
+"""Command-line entry points: ``rstreamer`` (demo, status, bench, worker) and ``rstreamer-worker``.
+
+Every ``rstreamer-worker`` option also comes from an ``RSTREAMER_*`` variable; priority is
+command line, then environment, then default. This is the only module that configures logging.
+"""
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import os
 import sys
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import ConfigError
+from .settings import DEFAULT_REDIS_URL, WorkerSettings
+
+USAGE = """usage: rstreamer COMMAND [options]
+
+commands:
+  status   queue depth, pending and dead letters, live workers and throughput (--help for options)
+  demo     embedded Redis, 2 workers, 1000 calls, a summary
+  bench    benchmarks
+  worker   the same as rstreamer-worker
+"""
+
+# option dest -> environment variable
+WORKER_ENV = {
+    "redis": "RSTREAMER_REDIS_URL",
+    "prefix": "RSTREAMER_PREFIX",
+    "gpus": "RSTREAMER_GPUS",
+    "workers_per_gpu": "RSTREAMER_WORKERS_PER_GPU",
+    "batch_size": "RSTREAMER_BATCH_SIZE",
+    "max_latency": "RSTREAMER_MAX_LATENCY",
+    "init_args": "RSTREAMER_INIT_ARGS",
+    "init_kwargs": "RSTREAMER_INIT_KWARGS",
+    "metrics_port": "RSTREAMER_METRICS_PORT",
+    "log_level": "RSTREAMER_LOG_LEVEL",
+    "log_interval": "RSTREAMER_LOG_INTERVAL",
+    "max_restarts": "RSTREAMER_MAX_RESTARTS",
+    "model": "RSTREAMER_MODEL",
+}
+
+WORKER_DEFAULTS: dict[str, Any] = {
+    "redis": DEFAULT_REDIS_URL,
+    "prefix": None,
+    "gpus": [],
+    "workers_per_gpu": 1,
+    "batch_size": WorkerSettings.batch_size,
+    "max_latency": WorkerSettings.max_latency,
+    "init_args": [],
+    "init_kwargs": {},
+    "metrics_port": None,
+    "log_level": "INFO",
+    "log_interval": 10.0,
+    "max_restarts": 5,
+    "model": None,
+}
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: rstreamer {demo} [options]")
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "demo":
-        from .demo import main as demo_main
+# value parsers: shared by the command line and the environment -------------------------
 
-        return demo_main(rest)
-    print(f"rstreamer: unknown command {command!r}", file=sys.stderr)
-    return 2
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum or 'infinity'}, got {value}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _json_of(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from None
+        if not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(f"must be a JSON {'array' if kind is list else 'object'}")
+        return value
+    return parse
+
+
+def _gpus(text: str) -> list[int]:
+    from .placement import parse_gpus
+
+    try:
+        gpus = parse_gpus(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if any(gpu < 0 for gpu in gpus):
+        raise argparse.ArgumentTypeError(f"GPU ids must be >= 0, got {text!r}")
+    return gpus
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise argparse.ArgumentTypeError(f"unknown log level {text!r} (DEBUG, INFO, WARNING, ERROR)")
+    return level
+
+
+WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
+    "redis": str, "prefix": str, "model": str, "gpus": _gpus,
+    "workers_per_gpu": _integer(1), "batch_size": _integer(1), "max_latency": _seconds,
+    "init_args": _json_of(list), "init_kwargs": _json_of(dict), "metrics_port": _integer(1, 65535),
+    "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0),
+}
+
+
+# rstreamer-worker ------------------------------------------------------------------------
+
+def worker_parser() -> argparse.ArgumentParser:
+    """The ``rstreamer-worker`` argument parser (defaults are None: resolved by :func:`parse_worker_args`)."""
+    parser = argparse.ArgumentParser(
+        prog="rstreamer-worker",
+        description="Run supervised worker processes that serve a model on one prefix. "
+                    "Every option can also be set by the environment variable shown.",
+    )
+    p = WORKER_PARSERS
+    parser.add_argument("model", nargs="?", type=p["model"], help=_help("package.module:ModelClass (a ManagedModel "
+                        "subclass or a batch function)", "model"))
+    parser.add_argument("--redis", type=p["redis"], metavar="URL", help=_help("Redis URL or host:port", "redis"))
+    parser.add_argument("--prefix", type=p["prefix"], help=_help("the model endpoint's name (required)", "prefix"))
+    parser.add_argument("--gpus", type=p["gpus"], metavar="0,1", help=_help("GPU ids; none: CPU workers", "gpus"))
+    parser.add_argument("--workers-per-gpu", type=p["workers_per_gpu"], metavar="N",
+                        help=_help("worker processes per GPU (per host without --gpus)", "workers_per_gpu"))
+    parser.add_argument("--batch-size", type=p["batch_size"], metavar="N", help=_help("largest batch", "batch_size"))
+    parser.add_argument("--max-latency", type=p["max_latency"], metavar="SECONDS",
+                        help=_help("longest wait for a batch to fill", "max_latency"))
+    parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
+                        help=_help("JSON array of init_model positional arguments", "init_args"))
+    parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",
+                        help=_help("JSON object of init_model keyword arguments", "init_kwargs"))
+    parser.add_argument("--metrics-port", type=p["metrics_port"], metavar="PORT",
+                        help=_help("serve Prometheus metrics: worker i on PORT+i", "metrics_port"))
+    parser.add_argument("--log-level", type=p["log_level"], help=_help("logging level", "log_level"))
+    parser.add_argument("--log-interval", type=p["log_interval"], metavar="SECONDS",
+                        help=_help("seconds between info summary lines, 0: none", "log_interval"))
+    parser.add_argument("--max-restarts", type=p["max_restarts"], metavar="N",
+                        help=_help("restarts of one worker within 60 s before giving up (crash loop)", "max_restarts"))
+    parser.add_argument("--check", action="store_true",
+                        help="exit 0 if Redis answers PING and the model class imports, else 1 (health check)")
+    return parser
+
+
+def _help(text: str, dest: str) -> str:
+    default = WORKER_DEFAULTS[dest]
+    shown = "" if default in (None, [], {}) else f", default {default}"
+    return f"{text} (env {WORKER_ENV[dest]}{shown})"
+
+
+def parse_worker_args(argv: list[str], environ: Mapping[str, str]) -> argparse.Namespace:
+    """Parse ``argv``; options it lacks come from ``environ``, then from WORKER_DEFAULTS."""
+    parser = worker_parser()
+    args = parser.parse_args(argv)
+    for dest, variable in WORKER_ENV.items():
+        if getattr(args, dest) is not None:
+            continue
+        raw = environ.get(variable, "")
+        if raw:
+            try:
+                setattr(args, dest, WORKER_PARSERS[dest](raw))
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                parser.error(f"{variable}={raw!r}: {exc}")
+        else:
+            setattr(args, dest, WORKER_DEFAULTS[dest])
+    if not args.model:
+        parser.error(f"the model (package.module:ModelClass) is required, as an argument or {WORKER_ENV['model']}")
+    if not args.prefix:
+        parser.error(f"--prefix (or {WORKER_ENV['prefix']}) is required")
+    return args
+
+
+def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None = None) -> Any:
+    """A validated WorkerSpec from resolved arguments; raises ConfigError.
+
+    ``settings`` defaults to ``WorkerSettings.from_env()`` (heartbeat, reclaim, drain...);
+    batch size and latency come from ``args``.
+    """
+    from .connection import normalize_broker_url
+    from .keys import Keys
+    from .supervisor import WorkerSpec
+
+    try:
+        url = normalize_broker_url(args.redis)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    prefix = Keys(args.prefix).prefix
+    _check_model_module(args.model)
+    if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError("--metrics-port needs prometheus-client: pip install 'rstreamer[webapp]'")
+    return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,
+                      args.init_kwargs or None, settings or WorkerSettings.from_env(), log_level=args.log_level,
+                      metrics_port=args.metrics_port, log_interval=args.log_interval)
+
+
+def _check_model_module(model: str) -> None:
+    """Fail fast on a misspelt module without importing it (the supervisor stays light)."""
+    module_name, sep, attr = model.partition(":")
+    if not sep:
+        module_name, _, attr = model.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"expected the model as 'package.module:Name', got {model!r}")
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"cannot import {model!r}: {exc}") from None
+    if found is None:
+        raise ConfigError(f"cannot import {model!r}: no module named {module_name!r}")
+
+
+def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
+    """The ``--check`` health check: (healthy, one-line message). Never shows a password."""
+    from .connection import create_redis, redacted
+    from .keys import Keys
+    from .model import ManagedModel, import_string
+
+    shown = redacted(args.redis)
+    try:
+        Keys(args.prefix)
+    except ConfigError as exc:
+        return False, str(exc)
+    try:
+        client = create_redis(args.redis, socket_timeout=3.0, retries=0)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # any failure is an unhealthy answer, not a traceback
+        return False, f"Redis at {shown} unreachable: {_scrub(str(exc), args.redis)}"
+    try:
+        target = import_string(args.model)
+    except Exception as exc:
+        return False, f"model {args.model!r} does not import: {exc}"
+    is_model_class = isinstance(target, type) and issubclass(target, ManagedModel)
+    if not is_model_class and (isinstance(target, type) or not callable(target)):
+        return False, f"model {args.model!r} is neither a ManagedModel subclass nor a batch function"
+    return True, f"ok: Redis at {shown} answers PING; model {args.model} imports"
+
+
+def _scrub(message: str, url: str) -> str:
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        password = None
+    return message.replace(password, "***") if password else message
+
+
+def configure_logging(level: str, role: str) -> None:
+    """Log to stderr with the process role and pid on every line."""
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s [{role} pid %(process)d] %(name)s: %(message)s")
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    raise SystemExit("rstreamer-worker: not implemented yet")
+    """``rstreamer-worker``: supervise worker processes until SIGTERM; the exit code is the supervisor's."""
+    args = parse_worker_args(list(sys.argv[1:] if argv is None else argv), os.environ)
+    configure_logging(args.log_level, "supervisor")
+    if args.check:
+        healthy, message = check_worker(args)
+        print(f"rstreamer-worker --check: {message}", file=sys.stdout if healthy else sys.stderr)
+        return 0 if healthy else 1
+    from .placement import per_gpu
+    from .supervisor import Supervisor
+
+    try:
+        spec = build_worker_spec(args)
+        slots = per_gpu(args.gpus, args.workers_per_gpu)
+    except ConfigError as exc:
+        print(f"rstreamer-worker: {exc}", file=sys.stderr)
+        return 2
+    return Supervisor(spec, slots, max_restarts=args.max_restarts).run()
+
+
+# rstreamer status ------------------------------------------------------------------------
+
+def status_parser() -> argparse.ArgumentParser:
+    """The ``rstreamer status`` argument parser."""
+    parser = argparse.ArgumentParser(prog="rstreamer status", description="Show a prefix's queue and workers, "
+                                     "or every prefix when none is given.")
+    parser.add_argument("--redis", metavar="URL", default=os.environ.get(WORKER_ENV["redis"]) or DEFAULT_REDIS_URL,
+                        help=f"Redis URL or host:port (env {WORKER_ENV['redis']}, default {DEFAULT_REDIS_URL})")
+    parser.add_argument("--prefix", default=os.environ.get(WORKER_ENV["prefix"]) or None,
+                        help=f"the prefix to show (env {WORKER_ENV['prefix']}); none: list every prefix")
+    parser.add_argument("--all", action="store_true", help="list every prefix even if RSTREAMER_PREFIX is set")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--interval", type=_seconds, default=1.0, metavar="SECONDS",
+                        help="window over which throughput is measured; 0: skip it (default 1)")
+    return parser
+
+
+def status_main(argv: list[str]) -> int:
+    """``rstreamer status``."""
+    from .connection import create_redis, normalize_broker_url, redacted
+    from . import status
+
+    args = status_parser().parse_args(argv)
+    dead_after = WorkerSettings.from_env().dead_after
+    try:
+        url = normalize_broker_url(args.redis)
+        client = create_redis(url, socket_timeout=5.0, retries=1)
+    except (ValueError, ConfigError) as exc:
+        print(f"rstreamer status: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.prefix and not args.all:
+            report: Any = status.prefix_status(client, args.prefix, dead_after, args.interval)
+            text = status.format_prefix_status(report)
+        else:
+            report = status.all_prefixes_status(client, dead_after)
+            report, text = {"prefixes": report}, status.format_all_prefixes(report)
+    except ConfigError as exc:
+        print(f"rstreamer status: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # redis errors: one clear line, no traceback
+        print(f"rstreamer status: Redis at {redacted(url)}: {_scrub(str(exc), url)}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(json.dumps(report, indent=2) if args.json else text)
+    return 0
+
+
+# rstreamer -------------------------------------------------------------------------------
+
+def bench_main(argv: list[str]) -> int:
+    """``rstreamer bench``: ``rstreamer.bench:main``, imported only when asked for."""
+    try:
+        module = importlib.import_module("rstreamer.bench")
+    except ImportError as exc:
+        missing = "this installation has no rstreamer.bench module" if exc.name == "rstreamer.bench" else str(exc)
+        print(f"rstreamer bench: not available: {missing}", file=sys.stderr)
+        return 2
+    return int(module.main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rstreamer COMMAND ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "worker":
+        return worker_main(rest)
+    commands: dict[str, Callable[[list[str]], int]] = {"demo": _demo_main, "status": status_main, "bench": bench_main}
+    if command not in commands:
+        print(f"rstreamer: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+        return 2
+    configure_logging("WARNING", f"rstreamer {command}")
+    return commands[command](rest)
+
+
+def _demo_main(argv: list[str]) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(argv)
