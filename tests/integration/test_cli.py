@@ -1,0 +1,244 @@
+"""`rstreamer-worker` end to end: real supervisor processes, real worker children, real Redis."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from rstreamer import RedisStreamer
+from rstreamer.embedded import free_port
+from rstreamer.keys import Keys
+from rstreamer.status import take_snapshots, worker_rows
+from support import procs
+from support.procs import wait_until
+
+BIN = Path(sys.executable).parent
+# Fast liveness so that a killed worker is noticed within about a second.
+FAST = {"RSTREAMER_HEARTBEAT_INTERVAL": "0.2", "RSTREAMER_DEAD_AFTER": "1.0", "RSTREAMER_RECLAIM_INTERVAL": "0.2",
+        "RSTREAMER_DRAIN_TIMEOUT": "10", "RSTREAMER_LOG_INTERVAL": "0"}
+DEAD_AFTER = 1.0
+
+
+class Supervised:
+    """One `rstreamer-worker` process; its output goes to a log file."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+class Fleet:
+    """Starts `rstreamer-worker` processes; every one (and its children) is killed at teardown."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        self.url = url
+        self.tmp_path = tmp_path
+        self.started: list[Supervised] = []
+
+    def start(self, prefix: str, *args: str, model: str | None = "support.models:Doubler", wait_for: int = 0,
+              env: dict[str, str] | None = None) -> Supervised:
+        """Start ``rstreamer-worker --redis URL [--prefix prefix] *args model`` (no --prefix if the env has one)."""
+        environ = {**procs.test_env(), **FAST, **(env or {})}
+        environ.pop("CUDA_VISIBLE_DEVICES", None)
+        log_path = self.tmp_path / f"supervisor-{len(self.started)}.log"
+        argv = [str(BIN / "rstreamer-worker"), "--redis", self.url, *args]
+        argv += [] if "RSTREAMER_PREFIX" in environ else ["--prefix", prefix]
+        argv += [model] if model else []
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        supervised = Supervised(proc, log_path)
+        self.started.append(supervised)
+        if wait_for:
+            def ready() -> bool:
+                assert proc.poll() is None, f"rstreamer-worker exited early:\n{supervised.log()}"
+                return len(live_children(self.url, prefix, supervised.pid)) == wait_for
+            wait_until(ready, timeout=30, what=f"{wait_for} workers of supervisor {supervised.pid}")
+        return supervised
+
+    def stop_all(self) -> None:
+        for supervised in self.started:
+            if supervised.proc.poll() is None:
+                try:
+                    os.killpg(supervised.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            supervised.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def fleet(redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = Fleet(redis_url, tmp_path)
+    try:
+        yield fleet
+    finally:
+        fleet.stop_all()
+        for supervised in fleet.started:
+            print(f"--- log of supervisor {supervised.pid}\n{supervised.log()}")  # shown when a test fails
+
+
+def snapshot(url: str, prefix: str) -> Any:
+    client = redis.Redis.from_url(url)
+    try:
+        return take_snapshots(client, [prefix])[0]
+    finally:
+        client.close()
+
+
+def live_workers(url: str, prefix: str) -> list[dict[str, Any]]:
+    return worker_rows(snapshot(url, prefix), DEAD_AFTER)
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def live_children(url: str, prefix: str, supervisor_pid: int) -> set[int]:
+    """Pids of live workers on ``prefix`` that are children of ``supervisor_pid``."""
+    return {w["pid"] for w in live_workers(url, prefix) if parent_of(w["pid"]) == supervisor_pid}
+
+
+def busy_worker(url: str, prefix: str) -> dict[str, Any] | None:
+    return next((w for w in live_workers(url, prefix) if w["pending"]), None)
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "rstreamer-worker"), *args], env=procs.test_env(), capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True)
+
+
+def test_two_worker_processes_serve_real_calls(fleet, redis_url, prefix):
+    # Model, prefix and process count from the environment; the rest from the command line.
+    env = {"RSTREAMER_MODEL": "support.models:Doubler", "RSTREAMER_PREFIX": prefix, "RSTREAMER_WORKERS_PER_GPU": "2"}
+    supervised = fleet.start(prefix, "--batch-size", "8", "--max-latency", "0.01", model=None, env=env, wait_for=2)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        for n in range(20):
+            assert streamer.predict([n, n + 1, n + 2]) == [2 * n, 2 * n + 2, 2 * n + 4]
+    workers = live_workers(redis_url, prefix)
+    assert len({w["pid"] for w in workers}) == 2 and all(w["gpu"] is None for w in workers)
+    wait_until(lambda: sum(w["items"] for w in live_workers(redis_url, prefix)) == 60, what="60 items in heartbeats")
+    log = supervised.log()
+    assert "[worker 0 cpu pid" in log and "[worker 1 cpu pid" in log, log
+
+
+def test_sigkilled_worker_is_replaced_and_its_work_is_not_lost(fleet, redis_url, prefix):
+    supervised = fleet.start(prefix, "--workers-per-gpu", "2", "--batch-size", "4", wait_for=2)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        future = streamer.submit([["sleep", 1.0]], timeout=30)
+        victim = wait_until(lambda: busy_worker(redis_url, prefix), what="a worker holding the item unacked")
+        os.kill(victim["pid"], signal.SIGKILL)
+        assert future.result(timeout=30) == ["slept"]
+        wait_until(lambda: len(pids := live_children(redis_url, prefix, supervised.pid)) == 2
+                   and victim["pid"] not in pids, timeout=30, what="a replacement worker")
+        assert streamer.predict([1, 2, 3]) == [2, 4, 6]
+    wait_until(lambda: sum(w["reclaimed"] for w in live_workers(redis_url, prefix)) >= 1, what="reclaim counted")
+    state = snapshot(redis_url, prefix)
+    assert (state.pending, state.queue_length, state.dead_letters) == (0, 0, 0)
+    assert f"pid {victim['pid']}) exited with code -9; restarting" in supervised.log()
+
+
+def test_gpu_placement_two_workers_per_gpu(fleet, redis_url, prefix):
+    fleet.start(prefix, "--gpus", "0,1", "--workers-per-gpu", "2", "--batch-size", "1",
+                model="support.placement_probe:PlacementProbe", wait_for=4)
+    seen: dict[int, dict[str, Any]] = {}
+
+    def every_worker_answered() -> bool:
+        with RedisStreamer(redis_url, prefix) as streamer:
+            seen.update({report["pid"]: report for report in streamer.predict([0] * 8)})
+        return len(seen) == 4
+
+    wait_until(every_worker_answered, timeout=30, what="an answer from each of the 4 workers")
+    placements = Counter((r["cuda_at_import"], r["cuda"], r["gpu_id"]) for r in seen.values())
+    assert placements == {("0", "0", 0): 2, ("1", "1", 1): 2}
+    heartbeat_gpu = {w["pid"]: w["gpu"] for w in live_workers(redis_url, prefix)}
+    assert all(heartbeat_gpu[pid] == report["gpu_id"] for pid, report in seen.items())
+
+
+def test_sigterm_drains_the_batch_in_flight_and_exits_0(fleet, redis_url, prefix):
+    supervised = fleet.start(prefix, wait_for=1)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        future = streamer.submit([["sleep", 1.0]], timeout=30)
+        wait_until(lambda: busy_worker(redis_url, prefix), what="the item in flight")
+        os.kill(supervised.pid, signal.SIGTERM)
+        assert future.result(timeout=20) == ["slept"]
+    assert supervised.wait(timeout=30) == 0
+    state = snapshot(redis_url, prefix)
+    assert (state.pending, state.queue_length, state.workers) == (0, 0, {})
+    assert "exited with code 0" in supervised.log()
+
+
+def test_crash_loop_is_reported_and_exits_1(fleet, prefix):
+    supervised = fleet.start(prefix, "--max-restarts", "1", model="support.models:BrokenInit")
+    assert supervised.wait(timeout=45) == 1
+    log = supervised.log()
+    assert "crash loop: worker slot 0 died 2 times" in log, log
+    assert "weights not found" in log  # the child's own error is in the log too
+
+
+def test_config_error_exits_2_without_starting_workers(redis_url, prefix):
+    result = run_cli("--redis", redis_url, "--prefix", prefix, "no_such_module_xyz:Model")
+    assert result.returncode == 2
+    assert "no module named 'no_such_module_xyz'" in result.stderr
+
+
+def test_check_fails_on_unreachable_redis_without_showing_the_password():
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    result = run_cli("--check", "--redis", url, "--prefix", "p", "support.models:Doubler")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unreachable" in lines[0] and "***" in lines[0], result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_check_succeeds_with_redis_and_an_importable_model(redis_url):
+    good = run_cli("--check", "--redis", redis_url, "--prefix", "p", "support.models:Doubler")
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.startswith("rstreamer-worker --check: ok")
+    bad = run_cli("--check", "--redis", redis_url, "--prefix", "p", "support.models:NoSuchModel")
+    assert bad.returncode == 1 and "does not import" in bad.stderr
+
+
+def test_metrics_endpoint_serves_the_counters(fleet, redis_url, prefix):
+    port = free_port()
+    fleet.start(prefix, "--metrics-port", str(port), wait_for=1)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        for n in range(5):
+            assert streamer.predict([n, n]) == [2 * n, 2 * n]
+        with pytest.raises(Exception, match="boom"):
+            streamer.predict(["boom"])
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    label = f'{{prefix="{Keys(prefix).prefix}"}}'
+
+    def scraped_after_the_calls() -> str | None:
+        text = scrape()
+        return text if f"rstreamer_worker_items_total{label} 11.0" in text else None
+
+    text = wait_until(scraped_after_the_calls, what="the items counter")
+    assert f"rstreamer_worker_errors_total{label} 1.0" in text
+    assert f"rstreamer_worker_batch_size_count{label}" in text
+    assert f"rstreamer_worker_predict_seconds_count{label}" in text
+    for counter in ("reclaimed", "dead_lettered", "batches"):
+        assert f"rstreamer_worker_{counter}_total{label}" in text
