@@ -38,7 +38,7 @@ class BatchPolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if self.max_latency < 0:
+        if not self.max_latency >= 0:  # also refuses NaN
             raise ConfigError(f"max_latency must be >= 0, got {self.max_latency!r}")
 
 
@@ -100,6 +100,15 @@ class Outcome(Generic[T]):
     failure: Failure | None = None
 
 
+def _as_list(outputs: Any) -> list[Any] | None:
+    """``outputs`` as a list, or None when it is not iterable (None included)."""
+    try:
+        iterator = iter(outputs)
+    except TypeError:
+        return None
+    return list(iterator)
+
+
 def predict_isolated(predict: Callable[[list[Any]], Sequence[Any]], inputs: list[Any]) -> list[Outcome[Any]]:
     """Run ``predict`` on ``inputs``; one Outcome per input, in order.
 
@@ -108,21 +117,19 @@ def predict_isolated(predict: Callable[[list[Any]], Sequence[Any]], inputs: list
     """
     if not inputs:
         return []
+    raised = False
     try:
-        outputs = predict(inputs)
+        # A lazy output (a generator) raises while it is listed: that is the model raising too.
+        output_list = _as_list(predict(inputs))
     except Exception as exc:
         if len(inputs) == 1:
             logger.error("model raised %s on an item", type(exc).__name__, exc_info=True)
             return [Outcome(False, failure=Failure.from_exception(exc))]
-        outputs = None
-    if outputs is None:
+        raised = True
+    if raised:
         # Split outside the except block so that logged tracebacks are not chained.
         middle = len(inputs) // 2
         return predict_isolated(predict, inputs[:middle]) + predict_isolated(predict, inputs[middle:])
-    try:
-        output_list: list[Any] | None = list(outputs)
-    except TypeError:
-        output_list = None
     if output_list is None or len(output_list) != len(inputs):
         got = "a non-sequence" if output_list is None else f"{len(output_list)} outputs"
         message = f"model returned {got} for a batch of {len(inputs)} inputs"

@@ -108,6 +108,8 @@ def unpack_results(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> lis
         if ok:
             results.append((index, Outcome(True, value=value)))
         else:
+            if not (isinstance(value, list) and len(value) >= 2):
+                raise DecodeError("malformed failure in reply row")
             kind = value[2] if len(value) > 2 else "remote"
             results.append((index, Outcome(False, failure=Failure(str(value[0]), str(value[1]), str(kind)))))
     return results

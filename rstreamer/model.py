@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Union
@@ -61,6 +62,9 @@ def model_ref(model: ModelSpec) -> ModelSpec:
     """An import string for ``model`` when it has one, so a child process imports its module
     only after CUDA_VISIBLE_DEVICES is set; otherwise ``model`` itself."""
     if isinstance(model, str):
+        return model
+    if not (inspect.isclass(model) or inspect.isfunction(model)):
+        # A bound method, partial or callable instance: its names would import something else.
         return model
     module = getattr(model, "__module__", None)
     qualname = getattr(model, "__qualname__", "")

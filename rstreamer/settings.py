@@ -19,7 +19,7 @@ def redis_url_from_env(default: str = DEFAULT_REDIS_URL) -> str:
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
+    if not (value > 0 or (allow_zero and value == 0)):  # also refuses NaN
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
@@ -84,7 +84,7 @@ class WorkerSettings(_EnvSettings):
         for name in ("heartbeat_interval", "reclaim_interval", "reply_ttl", "idle_block",
                      "drain_timeout", "max_item_bytes"):
             _positive(name, getattr(self, name))
-        if self.dead_after <= 2 * self.heartbeat_interval:
+        if not self.dead_after > 2 * self.heartbeat_interval:
             raise ConfigError("dead_after must exceed twice the heartbeat_interval")
         if self.max_deliveries < 1:
             raise ConfigError("max_deliveries must be >= 1")
