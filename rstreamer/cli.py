@@ -286,6 +286,10 @@ def worker_main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rstreamer-worker: {exc}", file=sys.stderr)
         return 2
+    if args.gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        logging.getLogger(__name__).warning(
+            "CUDA_VISIBLE_DEVICES=%s is set; each worker replaces it with its own id from --gpus (%s)",
+            os.environ["CUDA_VISIBLE_DEVICES"], ",".join(map(str, args.gpus)))
     return Supervisor(spec, slots, max_restarts=args.max_restarts).run()
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import socket
 import threading
@@ -73,7 +74,17 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
         metrics.track(worker.stats, worker.name, gpu_id)
     if spec.log_interval > 0:
         StatsSummary(worker.name, worker.stats, spec.log_interval).start()
+    threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
     worker.run_forever()
+
+
+def _stop_when_orphaned(worker: Any, parent: int, interval: float = 1.0) -> None:
+    # A supervisor killed with SIGKILL cannot forward SIGTERM; without this, its workers would
+    # keep serving (and holding their GPU memory) next to the workers of its replacement.
+    while os.getppid() == parent:
+        time.sleep(interval)
+    logger.warning("worker %s: supervisor (pid %d) is gone; draining and exiting", worker.name, parent)
+    worker.stop()
 
 
 def _worker_metrics(spec: WorkerSpec, slot: int) -> Any:

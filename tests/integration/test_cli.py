@@ -105,11 +105,13 @@ def live_workers(url: str, prefix: str) -> list[dict[str, Any]]:
 
 
 def parent_of(pid: int) -> int | None:
+    """The parent pid of a running process; None once it exited (zombies included)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+    return None if state == "Z" else int(ppid)
 
 
 def live_children(url: str, prefix: str, supervisor_pid: int) -> set[int]:
@@ -242,3 +244,12 @@ def test_metrics_endpoint_serves_the_counters(fleet, redis_url, prefix):
     assert f"rstreamer_worker_predict_seconds_count{label}" in text
     for counter in ("reclaimed", "dead_lettered", "batches"):
         assert f"rstreamer_worker_{counter}_total{label}" in text
+
+
+def test_workers_of_a_sigkilled_supervisor_drain_and_exit(fleet, redis_url, prefix):
+    supervised = fleet.start(prefix, "--workers-per-gpu", "2", wait_for=2)
+    children = live_children(redis_url, prefix, supervised.pid)
+    os.kill(supervised.pid, signal.SIGKILL)  # only the supervisor: it cannot forward anything
+    supervised.wait(timeout=10)
+    wait_until(lambda: not any(parent_of(pid) for pid in children), timeout=20, what="orphaned workers to exit")
+    assert snapshot(redis_url, prefix).workers == {}  # they deregistered on the way out
