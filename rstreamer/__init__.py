@@ -1,4 +1,5 @@
 """rstreamer: dynamic mini-batching between a web fleet and deep-learning models, over Redis Streams."""
+from .aclient import AsyncRedisStreamer
 from .batching import BatchPolicy
 from .client import RedisStreamer
 from .errors import (
@@ -26,6 +27,7 @@ from .worker import RedisWorker
 __version__ = VERSION
 
 __all__ = [
+    "AsyncRedisStreamer",
     "BatchPolicy",
     "BatchSizeMismatch",
     "BrokerUnavailable",
