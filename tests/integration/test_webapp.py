@@ -1,0 +1,206 @@
+"""The Flask app end to end: a real gunicorn subprocess, real worker processes, real HTTP."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from rstreamer.keys import Keys
+from support.procs import wait_until
+from support.sentences import TRIPLES, cosine
+from support.web import web  # noqa: F401  (web is a fixture)
+
+
+def test_json_and_form_inputs_under_concurrency(redis_url, prefix, workers, web):
+    workers.start(prefix, batch_size=16, max_latency=0.01)
+    workers.start(prefix, batch_size=16, max_latency=0.01)
+    server = web.gunicorn(prefix, workers=2)
+
+    def call(n: int) -> bool:
+        if n % 3 == 0:
+            response = server.client.post("/predict", data={"s": [f"s{n}", "x"]})
+            return response.status_code == 200 and response.json() == {"outputs": [f"s{n}s{n}", "xx"]}
+        response = server.predict([n, n + 0.5])
+        return response.status_code == 200 and response.json() == {"outputs": [2 * n, 2 * n + 1.0]}
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(call, range(300)))
+    assert all(results), f"{results.count(False)} wrong answers"
+
+
+def test_service_streamer_form_style(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix)
+    body = "s=Happy birthday to [MASK].&s=caf%C3%A9"
+    response = server.client.post("/predict", content=body,
+                                  headers={"content-type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 200
+    assert response.json() == {"outputs": ["Happy birthday to [MASK]." * 2, "cafécafé"]}
+
+
+def test_embeddings_through_the_web_app_have_meaning(redis_url, prefix, workers, web):
+    workers.start(prefix, model="workers.embedding:EmbeddingModel", init_kwargs={"torch_threads": 1},
+                  batch_size=32, max_latency=0.01)
+    server = web.gunicorn(prefix)
+    sentences = [sentence for triple in TRIPLES for sentence in triple]
+    with ThreadPoolExecutor(12) as pool:
+        responses = list(pool.map(lambda s: server.predict([s]), sentences))
+    assert [r.status_code for r in responses] == [200] * len(sentences)
+    vectors = dict(zip(sentences, (r.json()["outputs"][0] for r in responses)))
+    assert all(len(v) == 384 for v in vectors.values())
+    for anchor, paraphrase, unrelated in TRIPLES:
+        close, far = cosine(vectors[anchor], vectors[paraphrase]), cosine(vectors[anchor], vectors[unrelated])
+        assert close > far + 0.1, (anchor, close, far)
+
+
+def test_model_error_is_500_with_type_and_message_only(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix)
+    response = server.predict([1, "boom"])
+    assert response.status_code == 500
+    assert response.json() == {"error": {"type": "ValueError", "message": "boom is not a number"}}
+    assert "Traceback" not in response.text
+    assert server.predict([4]).json() == {"outputs": [8]}, "one bad request must not break the next"
+
+
+MALFORMED = [
+    (b"{not json", "application/json", "not valid JSON"),
+    (b"[1, 2]", "application/json", '{"inputs": [...]}'),
+    (b'{"input": [1]}', "application/json", '{"inputs": [...]}'),
+    (b'{"inputs": "abc"}', "application/json", "must be a list"),
+    (b"\xff\xfe", "application/json", "not valid JSON"),
+    (b"", "application/json", "not valid JSON"),
+    (b"t=1", "application/x-www-form-urlencoded", "missing inputs"),
+    (b"s=%FF", "application/x-www-form-urlencoded", "not valid UTF-8"),
+    (b"s=1", "text/plain", "application/json"),
+    (b"s=1", None, "application/json"),
+]
+
+
+def test_malformed_requests_are_400(redis_url, prefix, web):
+    server = web.gunicorn(prefix)
+    for body, content_type, message in MALFORMED:
+        headers = {"content-type": content_type} if content_type else {}
+        response = server.client.post("/predict", content=body, headers=headers)
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "BadRequest" and message in error["message"], (body, error)
+
+
+def test_body_over_max_body_is_413(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix, RSTREAMER_MAX_BODY="2000")
+    response = server.predict(["x" * 3000])
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "PayloadTooLarge"
+    assert server.predict(["x" * 100]).status_code == 200
+
+
+def test_no_workers_is_504_and_not_ready(redis_url, prefix, web):
+    server = web.gunicorn(prefix, RSTREAMER_TIMEOUT="0.5")
+    response = server.predict([1])
+    assert response.status_code == 504
+    assert response.json()["error"]["type"] == "StreamerTimeout"
+    ready = server.client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["live_workers"] == 0
+
+
+def test_full_queue_is_503_with_retry_after(redis_client, redis_url, prefix, web):
+    server = web.gunicorn(prefix, RSTREAMER_MAX_QUEUE="1", RSTREAMER_TIMEOUT="3")
+    first: list[int] = []
+    waiting = threading.Thread(target=lambda: first.append(server.predict([1]).status_code))
+    waiting.start()
+    try:
+        wait_until(lambda: redis_client.xlen(Keys(prefix).requests) >= 1, what="the first item queued")
+        response = server.predict([2])
+        assert response.status_code == 503
+        assert response.headers["Retry-After"] == "1"
+        assert response.json()["error"]["type"] == "Overloaded"
+    finally:
+        waiting.join()
+    assert first == [504]
+
+
+def test_redis_stopped_is_503_then_service_recovers(redis_server, redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix, RSTREAMER_TIMEOUT="5")
+    assert server.predict([1]).status_code == 200
+    redis_server.stop()
+    try:
+        response = server.predict([2])
+        assert response.status_code == 503
+        assert response.headers["Retry-After"] == "1"
+        assert response.json()["error"] == {"type": "BrokerUnavailable",
+                                            "message": "the queue is unreachable; retry later"}
+        assert redis_server.url.split("//")[1] not in response.text, "internal addresses stay in the log"
+        assert server.client.get("/readyz").status_code == 503
+    finally:
+        redis_server.start()
+    wait_until(lambda: server.predict([3]).status_code == 200, timeout=20, what="service back after restart")
+    assert server.predict([4]).json() == {"outputs": [8]}
+
+
+def test_readiness_follows_the_workers(redis_url, prefix, workers, web):
+    server = web.gunicorn(prefix)
+    assert server.client.get("/readyz").status_code == 503
+    workers.start(prefix)
+    ready = wait_until(lambda: _ready(server), what="ready with a worker")
+    assert ready == {"ready": True, "prefix": prefix, "live_workers": 1}
+    workers.stop_all()  # SIGKILL: no goodbye, the heartbeat just stops
+    wait_until(lambda: server.client.get("/readyz").status_code == 503, timeout=15, what="not ready without workers")
+    assert server.client.get("/healthz").json() == {"status": "ok"}
+
+
+def _ready(server):
+    response = server.client.get("/readyz")
+    return response.json() if response.status_code == 200 else None
+
+
+def test_metrics_count_calls_and_responses(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix)
+    server.predict([1, 2])
+    server.predict(["boom"])
+    response = server.client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert f'rstreamer_client_requests_total{{outcome="ok",prefix="{prefix}"}} 1.0' in text
+    assert f'rstreamer_client_requests_total{{outcome="model_error",prefix="{prefix}"}} 1.0' in text
+    assert f'rstreamer_client_items_total{{prefix="{prefix}"}} 3.0' in text
+    assert 'rstreamer_web_responses_total{route="/predict",status="500"} 1.0' in text
+    assert "rstreamer_client_request_seconds_bucket" in text
+
+
+def test_unknown_route_and_method_are_json_errors(redis_url, prefix, web):
+    server = web.gunicorn(prefix)
+    assert server.client.get("/nope").json()["error"]["type"] == "NotFound"
+    response = server.client.get("/predict")
+    assert response.status_code == 405 and response.json()["error"]["type"] == "MethodNotAllowed"
+
+
+def test_preloaded_app_gives_each_worker_its_own_streamer(redis_url, prefix, workers, web):
+    workers.start(prefix, batch_size=16, max_latency=0.01)
+    server = web.gunicorn(prefix, workers=2, extra=("--preload",))
+    with ThreadPoolExecutor(16) as pool:
+        outputs = list(pool.map(lambda n: server.predict([n]).json(), range(200)))
+    assert outputs == [{"outputs": [2 * n]} for n in range(200)]
+
+
+def test_gevent_worker_class(redis_url, prefix, workers, web):
+    pytest.importorskip("gevent")
+    workers.start(prefix, batch_size=16, max_latency=0.01)
+    server = web.gunicorn(prefix, worker_class="gevent")
+    with ThreadPoolExecutor(32) as pool:
+        outputs = list(pool.map(lambda n: server.predict([n]).json(), range(200)))
+    assert outputs == [{"outputs": [2 * n]} for n in range(200)]
+    assert server.predict(["boom"]).status_code == 500
+
+
+def test_uwsgi_with_lazy_apps(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.uwsgi(prefix)
+    with ThreadPoolExecutor(8) as pool:
+        outputs = list(pool.map(lambda n: server.predict([n]).json(), range(50)))
+    assert outputs == [{"outputs": [2 * n]} for n in range(50)]
+    assert server.client.get("/readyz").status_code == 200

@@ -1,0 +1,109 @@
+"""Start real web servers (gunicorn, uvicorn, uwsgi) for the webapp tests; every one is killed at teardown."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rstreamer.embedded import free_port
+from support.procs import ROOT, test_env, wait_until
+
+BIN = Path(sys.executable).parent
+
+@dataclass
+class WebServer:
+    """One running server: its base URL, process and log file."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, timeout=30.0)
+
+    def predict(self, inputs: list[object]) -> httpx.Response:
+        return self.client.post("/predict", json={"inputs": inputs})
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+class WebServers:
+    """Factory of web server subprocesses for one Redis URL."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+        self.servers: list[WebServer] = []
+        self._logs = Path(tempfile.mkdtemp(prefix="rstreamer-web-"))
+
+    def gunicorn(self, prefix: str, *, worker_class: str = "gthread", workers: int = 1,
+                 extra: tuple[str, ...] = (), **env: str) -> WebServer:
+        port = free_port()
+        command = [str(BIN / "gunicorn"), "-c", "webapp/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
+                   "--workers", str(workers), "-k", worker_class, *extra]
+        return self._start(command, port, prefix, env)
+
+    def uvicorn(self, prefix: str, **env: str) -> WebServer:
+        port = free_port()
+        command = [str(BIN / "uvicorn"), "webapp.asgi:create_app", "--factory", "--host", "127.0.0.1",
+                   "--port", str(port), "--log-level", "warning"]
+        return self._start(command, port, prefix, env)
+
+    def uwsgi(self, prefix: str, **env: str) -> WebServer:
+        binary = shutil.which("uwsgi", path=str(BIN)) or shutil.which("uwsgi")
+        if binary is None:
+            pytest.skip("uwsgi is not installed (pip install rstreamer[uwsgi])")
+        port = free_port()
+        command = [binary, "--ini", "webapp/uwsgi.ini", "--http11-socket", f"127.0.0.1:{port}",
+                   "--processes", "2", "--threads", "8", "--disable-logging"]
+        return self._start(command, port, prefix, env)
+
+    def _start(self, command: list[str], port: int, prefix: str, env: dict[str, str]) -> WebServer:
+        full_env = test_env()
+        full_env.update(RSTREAMER_REDIS_URL=self.redis_url, RSTREAMER_PREFIX=prefix, **env)
+        log = self._logs / f"{len(self.servers)}-{Path(command[0]).name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        server = WebServer(f"http://127.0.0.1:{port}", process, log)
+        self.servers.append(server)
+        wait_until(lambda: self._healthy(server), timeout=30, what=f"{command[0]} on port {port}")
+        return server
+
+    @staticmethod
+    def _healthy(server: WebServer) -> bool:
+        if server.process.poll() is not None:
+            raise AssertionError(f"web server exited with {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            return server.client.get("/healthz", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop_all(self) -> None:
+        for server in self.servers:
+            server.client.close()
+            if server.process.poll() is None:
+                try:
+                    os.killpg(server.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            server.process.wait(timeout=10)
+        shutil.rmtree(self._logs, ignore_errors=True)
+
+
+@pytest.fixture
+def web(redis_url: str) -> Iterator[WebServers]:
+    """Start web servers with ``web.gunicorn(prefix, RSTREAMER_TIMEOUT="1")``; all killed at teardown."""
+    factory = WebServers(redis_url)
+    yield factory
+    factory.stop_all()

@@ -1,0 +1,127 @@
+"""The Flask app: ``POST /predict``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
+
+Run it under gunicorn (``gunicorn -c webapp/gunicorn.conf.py``) or uwsgi
+(``uwsgi --ini webapp/uwsgi.ini``); see docs/webapp.md. The model runs in rstreamer workers
+behind the Redis queue, never in the web process.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import redis
+from flask import Flask, Request, Response, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from rstreamer import RedisStreamer
+from rstreamer.connection import create_redis
+from rstreamer.keys import Keys
+from rstreamer.liveness import read_workers
+
+from . import metrics, protocol
+from .config import WebConfig
+
+T = TypeVar("T")
+
+_PER_PROCESS: weakref.WeakSet[PerProcess[object]] = weakref.WeakSet()
+
+
+class PerProcess(Generic[T]):
+    """A value built on first use in each process: a forked child never shares its parent's sockets."""
+
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._value: T | None = None
+        _PER_PROCESS.add(self)  # type: ignore[arg-type]
+
+    def get(self) -> T:
+        """This process's value."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._value = self._factory()
+                    self._pid = os.getpid()
+        assert self._value is not None
+        return self._value
+
+    def reset(self) -> None:
+        """Forget the inherited value (not closed: its sockets are the parent's) and build a new one."""
+        with self._lock:
+            self._pid = -1
+            self._value = None
+        self.get()
+
+
+def after_fork() -> None:
+    """Give the current process its own Redis clients; gunicorn's ``post_fork`` hook calls it."""
+    for value in list(_PER_PROCESS):
+        value.reset()
+
+
+def create_app(config: WebConfig | None = None) -> Flask:
+    """The Flask app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
+    config = config or WebConfig.from_env()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body
+    streamer = PerProcess(lambda: RedisStreamer(config.redis_url, config.prefix, settings=config.client))
+    probe = PerProcess(lambda: create_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0))
+    app.extensions["rstreamer"] = streamer
+    metrics.calls()  # registered now, so /metrics lists the call counters before the first call
+    _add_routes(app, config, streamer, probe)
+    app.register_error_handler(HTTPException, _http_error)
+    return app
+
+
+def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreamer],
+                probe: PerProcess[redis.Redis]) -> None:
+    keys = Keys(config.prefix)
+
+    @app.post("/predict")
+    def predict() -> Response:
+        try:
+            status, body, headers = 200, _predict(request, config, streamer.get()), {}
+        except Exception as exc:  # every failure becomes a JSON error with its status
+            status, body, headers = protocol.error_reply(exc)
+        metrics.count_response("/predict", status)
+        return Response(body, status, headers, mimetype=protocol.JSON)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return Response(protocol.dumps({"status": "ok"}), 200, mimetype=protocol.JSON)
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        try:
+            now_ms, workers = read_workers(probe.get(), keys)
+            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix)
+        except redis.RedisError as exc:
+            status, body = protocol.unready(exc, config.prefix)
+        return Response(body, status, mimetype=protocol.JSON)
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, 200, content_type=content_type)
+
+
+def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
+    try:
+        body = req.get_data(cache=False)
+    except RequestEntityTooLarge:
+        raise protocol.too_large(config.max_body) from None
+    inputs = protocol.parse_inputs(req.content_type, body)
+    with metrics.calls().track(config.prefix, len(inputs)):
+        outputs = streamer.predict(inputs)
+    return protocol.outputs_body(outputs)
+
+
+def _http_error(exc: HTTPException) -> Response:
+    """404, 405 and the like, as JSON errors too."""
+    error = protocol.http_error(exc.code or 500, exc.description or exc.name)
+    status, body, headers = protocol.error_reply(error)
+    return Response(body, status, headers, mimetype=protocol.JSON)

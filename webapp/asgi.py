@@ -1,0 +1,118 @@
+"""The Starlette app: the routes and statuses of ``webapp.app``, on :class:`~rstreamer.AsyncRedisStreamer`.
+
+Hugging Face's pipeline web-server example keeps the model behind an asyncio queue inside the
+web process. Here the queue is Redis and the model runs in rstreamer workers, so the event
+loop only parses requests and awaits answers; it never runs the model.
+
+    uvicorn webapp.asgi:create_app --factory --host 127.0.0.1 --port 8000
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rstreamer import AsyncRedisStreamer
+from rstreamer.connection import create_async_redis
+from rstreamer.keys import Keys
+from rstreamer.liveness import parse_workers, server_time_ms
+
+from . import metrics, protocol
+from .config import WebConfig
+
+
+def create_app(config: WebConfig | None = None) -> Starlette:
+    """The Starlette app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
+    config = config or WebConfig.from_env()
+    keys = Keys(config.prefix)
+    metrics.calls()  # registered now, so /metrics lists the call counters before the first call
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Built inside the server's event loop, which their connections belong to.
+        app.state.streamer = AsyncRedisStreamer(config.redis_url, config.prefix, settings=config.client)
+        app.state.probe = create_async_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0)
+        try:
+            yield
+        finally:
+            await app.state.streamer.aclose()
+            await app.state.probe.aclose()
+
+    async def predict(request: Request) -> Response:
+        try:
+            status, body, headers = 200, await _predict(request, config), {}
+        except Exception as exc:  # every failure becomes a JSON error with its status
+            status, body, headers = protocol.error_reply(exc)
+        metrics.count_response("/predict", status)
+        return Response(body, status, headers, media_type=protocol.JSON)
+
+    async def readyz(request: Request) -> Response:
+        try:
+            now_ms, workers = await _read_workers(request.app.state.probe, keys)
+            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix)
+        except redis.RedisError as exc:
+            status, body = protocol.unready(exc, config.prefix)
+        return Response(body, status, media_type=protocol.JSON)
+
+    routes = [
+        Route("/predict", predict, methods=["POST"]),
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+
+
+async def _predict(request: Request, config: WebConfig) -> bytes:
+    body = await _read_body(request, config.max_body)
+    inputs = protocol.parse_inputs(request.headers.get("content-type"), body)
+    with metrics.calls().track(config.prefix, len(inputs)):
+        outputs = await request.app.state.streamer.predict(inputs)
+    return protocol.outputs_body(outputs)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise protocol.too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise protocol.too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _read_workers(client: Any, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The async twin of ``rstreamer.liveness.read_workers``."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.hgetall(keys.workers)
+        now, raw = await pipe.execute()
+    return server_time_ms(now), parse_workers(raw)
+
+
+async def _healthz(request: Request) -> Response:
+    return Response(protocol.dumps({"status": "ok"}), 200, media_type=protocol.JSON)
+
+
+async def _metrics(request: Request) -> Response:
+    body, content_type = metrics.render()
+    return Response(body, 200, media_type=content_type)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """404, 405 and the like, as JSON errors too."""
+    assert isinstance(exc, HTTPException)
+    error = protocol.http_error(exc.status_code, str(exc.detail))
+    status, body, headers = protocol.error_reply(error)
+    return Response(body, status, {**headers, **(exc.headers or {})}, media_type=protocol.JSON)
