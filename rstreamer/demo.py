@@ -1,21 +1,124 @@
-"""`rstreamer demo`: Redis (embedded unless RSTREAMER_REDIS_URL is set), two worker
-processes, 1000 calls from 32 threads, a printed summary; everything stopped at the end."""
+"""`rstreamer demo`: the whole stack on one machine, driven by real HTTP traffic.
+
+Redis (embedded unless RSTREAMER_REDIS_URL is set), two all-MiniLM-L6-v2 embedding workers
+started with ``rstreamer-worker``, the Flask app under gunicorn, then a few hundred HTTP
+requests with real sentences from concurrent clients. The answers are checked for meaning
+(a paraphrase is closer than an unrelated sentence), a summary is printed and a plot of
+latency and batch sizes is written. Everything it started is stopped before it returns.
+``--serve`` keeps the stack up for manual requests until Ctrl-C instead.
+"""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import importlib.util
+import json
+import math
 import os
-import statistics
+import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 
-from .client import RedisStreamer
-from .embedded import EmbeddedRedis
-from .liveness import read_workers
-from .supervisor import Supervisor, WorkerSpec
+import redis
+
+from .embedded import EmbeddedRedis, free_port
+from .keys import Keys
+from .liveness import live_workers, read_workers
+from .settings import WorkerSettings
+
+MODEL = "workers.embedding:EmbeddingModel"
+STARTUP_TIMEOUT = 90.0
+
+# (anchor, paraphrase, unrelated): a sound sentence embedding puts the paraphrase closer.
+TRIPLES = (
+    ("A man is playing a guitar.", "Someone is strumming an instrument.", "The stock market fell sharply today."),
+    ("The cat is sleeping on the sofa.", "A kitten naps on the couch.", "Interest rates rose again this quarter."),
+    ("It is raining heavily outside.", "There is a downpour out there.", "She wrote a script to parse the logs."),
+    ("How do I cook pasta?", "What is the best way to boil spaghetti?", "The train to Berlin leaves at noon."),
+    ("The meeting was moved to Friday.", "They rescheduled the meeting for Friday.", "Penguins live in the south."),
+    ("My laptop will not turn on.", "The computer does not start.", "We planted tomatoes in the garden."),
+    ("He runs five kilometres every morning.", "Each day he jogs 5 km at dawn.", "The museum opens at nine."),
+    ("The flight was delayed by two hours.", "Our plane took off two hours late.", "This soup needs more salt."),
+    ("Children are playing football in the park.", "Kids kick a ball around the park.",
+     "The contract expires next year."),
+    ("The doctor prescribed antibiotics.", "The physician gave her a course of antibiotics.",
+     "The band released a new album."),
+    ("I forgot my password.", "I cannot remember my login password.", "The river flooded the valley."),
+    ("The shop closes at six.", "The store shuts at 6 pm.", "Quantum computers use qubits."),
+    ("A woman is slicing an onion.", "Someone is cutting an onion with a knife.", "A plane is landing at night."),
+    ("The baby is crying loudly.", "The infant will not stop wailing.", "Bitcoin prices are volatile."),
+    ("Please turn off the lights.", "Switch the lamps off, please.", "The election results were announced."),
+    ("The car needs new tyres.", "The vehicle's tires must be replaced.", "Bees make honey from nectar."),
+    ("She is learning to speak Spanish.", "She studies the Spanish language.", "The bridge was painted red."),
+    ("The hotel room was very clean.", "Our room at the hotel was spotless.", "The server crashed overnight."),
+    ("Add two cups of flour to the bowl.", "Put 2 cups of flour in the mixing bowl.", "The goalkeeper saved a penalty."),
+    ("The company hired fifty new engineers.", "Fifty engineers joined the firm.", "The moon orbits the Earth."),
+)
+
+SENTENCES = tuple(sentence for triple in TRIPLES for sentence in triple)
+
+
+# processes ---------------------------------------------------------------------------------
+
+def _stop_group(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    # Children of a drained leader may linger: the group goes down whatever the leader did.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@contextlib.contextmanager
+def group_process(command: list[str], log: IO[bytes], env: dict[str, str], cwd: Path | None = None,
+                  grace: float = 15.0) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``command`` in a process group of its own, and stop the whole group on exit."""
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                               start_new_session=True)
+    try:
+        yield process
+    finally:
+        _stop_group(process, grace)
+
+
+def _script(name: str, module: str, function: str) -> list[str]:
+    """A console script of this environment, or the same entry point through ``python -c``."""
+    installed = Path(sys.executable).parent / name
+    if installed.exists():
+        return [str(installed)]
+    return [sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+
+
+def _child_env(url: str, prefix: str) -> dict[str, str]:
+    env = dict(os.environ, RSTREAMER_REDIS_URL=url, RSTREAMER_PREFIX=prefix)
+    # Two workers, gunicorn and the clients share the cores: one thread per model is faster.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_source_root()), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _source_root() -> Path:
+    """The directory that holds the ``webapp`` and ``workers`` packages."""
+    spec = importlib.util.find_spec("webapp")
+    if spec is None or spec.origin is None:
+        raise SystemExit("rstreamer demo: the webapp package is not installed (pip install -e .[all])")
+    return Path(spec.origin).parent.parent
 
 
 @contextlib.contextmanager
@@ -29,78 +132,286 @@ def redis_for_demo() -> Iterator[str]:
         yield server.url
 
 
-@contextlib.contextmanager
-def supervised_workers(spec: WorkerSpec, count: int) -> Iterator[Supervisor]:
-    supervisor = Supervisor(spec, [None] * count)
-    thread = threading.Thread(target=supervisor.run, name="demo-supervisor", daemon=True)
-    thread.start()
-    try:
-        yield supervisor
-    finally:
-        supervisor.stop()
-        thread.join(timeout=spec.settings.drain_timeout + 10)
+def worker_command(args: argparse.Namespace) -> list[str]:
+    return [*_script("rstreamer-worker", "rstreamer.cli", "worker_main"),
+            "--workers-per-gpu", str(args.workers), "--batch-size", str(args.batch_size),
+            "--max-latency", str(args.max_latency), "--init-kwargs", json.dumps({"torch_threads": 1}),
+            "--log-level", "WARNING", "--log-interval", "0", MODEL]
 
 
-def wait_for_workers(streamer: RedisStreamer, count: int, timeout: float = 60.0) -> None:
+def web_command(port: int, web_workers: int) -> list[str]:
+    config = _source_root() / "webapp" / "gunicorn.conf.py"
+    return [*_script("gunicorn", "gunicorn.app.wsgiapp", "run"), "-c", str(config),
+            "--bind", f"127.0.0.1:{port}", "--workers", str(web_workers), "--threads", "16"]
+
+
+def wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], timeout: float = STARTUP_TIMEOUT) -> None:
+    """Poll ``/readyz`` (Redis up and a worker alive) until 200; fail early if a process died."""
+    import httpx
+
     deadline = time.monotonic() + timeout
-    while len(read_workers(streamer.redis, streamer.keys)[1]) < count:
+    with httpx.Client(base_url=base_url, timeout=2.0) as client:
+        while True:
+            for process in processes:
+                if process.poll() is not None:
+                    raise SystemExit(f"rstreamer demo: {process.args[0]} exited with {process.returncode}")
+            with contextlib.suppress(httpx.TransportError):
+                if client.get("/readyz").status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"rstreamer demo: the stack was not ready within {timeout:g}s")
+            time.sleep(0.1)
+
+
+def wait_for_workers(client: redis.Redis, keys: Keys, count: int, timeout: float = STARTUP_TIMEOUT) -> None:
+    dead_after_ms = int(WorkerSettings().dead_after * 1000)
+    deadline = time.monotonic() + timeout
+    while len(live_workers(*read_workers(client, keys), dead_after_ms)) < count:
         if time.monotonic() > deadline:
-            raise SystemExit(f"workers did not start within {timeout:g}s")
-        time.sleep(0.05)
+            raise SystemExit(f"rstreamer demo: {count} workers did not start within {timeout:g}s")
+        time.sleep(0.1)
 
 
-def worker_totals(streamer: RedisStreamer, items: int, timeout: float = 5.0) -> tuple[int, int]:
-    """(batches, items) from the workers' heartbeats, once they report every item."""
-    deadline = time.monotonic() + timeout
-    while True:
-        infos = read_workers(streamer.redis, streamer.keys)[1].values()
-        totals = sum(i["batches"] for i in infos), sum(i["items"] for i in infos)
-        if totals[1] >= items or time.monotonic() > deadline:
-            return totals
-        time.sleep(0.05)
+# load ----------------------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    """One HTTP request of the load."""
+
+    sentence: str
+    started: float
+    latency: float
+    status: int
+    vector: list[float] | None
+
+
+async def _client_loop(client: Any, jobs: asyncio.Queue[str], samples: list[Sample], t0: float) -> None:
+    while not jobs.empty():
+        sentence = jobs.get_nowait()
+        started = time.perf_counter()
+        try:
+            response = await client.post("/predict", json={"inputs": [sentence]})
+            status = response.status_code
+            vector = response.json()["outputs"][0] if status == 200 else None
+        except Exception:  # a failed request is counted as an error; the load goes on
+            status, vector = 0, None
+        samples.append(Sample(sentence, started - t0, time.perf_counter() - started, status, vector))
+
+
+async def _run_load(base_url: str, requests: int, clients: int) -> tuple[list[Sample], float]:
+    import httpx
+
+    jobs: asyncio.Queue[str] = asyncio.Queue()
+    for n in range(requests):
+        jobs.put_nowait(SENTENCES[n % len(SENTENCES)])
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base_url, timeout=30.0, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_client_loop(client, jobs, samples, t0) for _ in range(clients)))
+        return samples, time.perf_counter() - t0
+
+
+@dataclass
+class BatchSampler:
+    """Samples the workers' heartbeat totals while the load runs: (seconds, batches, items)."""
+
+    client: redis.Redis
+    keys: Keys
+    interval: float = 0.25
+    points: list[tuple[float, int, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def totals(self) -> tuple[int, int]:
+        infos = read_workers(self.client, self.keys)[1].values()
+        return sum(i.get("batches", 0) for i in infos), sum(i.get("items", 0) for i in infos)
+
+    def run(self, t0: float) -> None:
+        while not self._stop.wait(self.interval):
+            self.points.append((time.perf_counter() - t0, *self.totals()))
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[None]:
+        thread = threading.Thread(target=self.run, args=(time.perf_counter(),), name="demo-batches", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            thread.join()
+
+
+# checks and report -----------------------------------------------------------------------------
+
+def cosine(u: list[float], v: list[float]) -> float:
+    dot = sum(a * b for a, b in zip(u, v))
+    return dot / (math.sqrt(sum(a * a for a in u)) * math.sqrt(sum(b * b for b in v)) or 1.0)
+
+
+def check_meaning(samples: list[Sample]) -> tuple[int, int, int]:
+    """(triples whose paraphrase is closer than the unrelated sentence, triples checked, inconsistent repeats)."""
+    first: dict[str, list[float]] = {}
+    inconsistent = 0
+    for sample in samples:
+        if sample.vector is None:
+            continue
+        if sample.sentence in first:
+            # The same sentence in another batch must embed the same way (up to float noise).
+            inconsistent += cosine(first[sample.sentence], sample.vector) < 0.999
+        else:
+            first[sample.sentence] = sample.vector
+    checked = [t for t in TRIPLES if all(s in first for s in t)]
+    passed = sum(cosine(first[a], first[p]) > cosine(first[a], first[u]) for a, p, u in checked)
+    return passed, len(checked), inconsistent
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def run_load(streamer: RedisStreamer, calls: int, threads: int) -> tuple[list[float], int, float]:
-    latencies: list[float] = []
-    wrong = 0
+def batch_series(points: list[tuple[float, int, int]]) -> list[tuple[float, float]]:
+    """(seconds, mean batch size of the batches run since the previous point)."""
+    series = []
+    for (_, b0, i0), (t1, b1, i1) in zip(points, points[1:]):
+        if b1 > b0:
+            series.append((t1, (i1 - i0) / (b1 - b0)))
+    return series
 
-    def call(n: int) -> None:
-        nonlocal wrong
-        started = time.perf_counter()
-        output = streamer.predict([f"request {n}"])
-        latencies.append(time.perf_counter() - started)
-        wrong += output != [f"request {n}"]
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(call, range(calls)))
-    return latencies, wrong, time.perf_counter() - started
+def plot(samples: list[Sample], series: list[tuple[float, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [s for s in samples if s.status == 200]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    top.scatter([s.started for s in ok], [s.latency * 1000 for s in ok], s=6, alpha=0.6)
+    for q, style in ((0.5, "--"), (0.99, ":")):
+        top.axhline(percentile([s.latency * 1000 for s in ok], q), color="k", linestyle=style,
+                    label=f"p{int(q * 100)}")
+    top.set_ylabel("request latency (ms)")
+    top.set_title("rstreamer demo: HTTP latency and worker batch sizes")
+    top.legend()
+    if series:
+        bottom.step([t for t, _ in series], [b for _, b in series], where="post")
+    bottom.set_ylabel("mean batch size")
+    bottom.set_xlabel("seconds since the load started")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace, samples: list[Sample], elapsed: float, batches: int, items: int,
+           png: Path) -> bool:
+    ok = [s for s in samples if s.status == 200]
+    errors = len(samples) - len(ok)
+    passed, checked, inconsistent = check_meaning(samples)
+    latencies = [s.latency * 1000 for s in ok]
+    print(f"requests         {len(samples)} HTTP requests from {args.clients} concurrent clients, "
+          f"{args.workers} embedding workers, gunicorn with {args.web_workers} processes")
+    print(f"errors           {errors}")
+    print(f"answers checked  {passed}/{checked} paraphrases closer than unrelated sentences, "
+          f"{inconsistent} inconsistent repeats")
+    print(f"throughput       {len(ok) / elapsed:,.1f} requests/s")
+    print(f"latency          p50 {percentile(latencies, 0.5):.1f} ms, p99 {percentile(latencies, 0.99):.1f} ms")
+    print(f"mean batch size  {items / max(batches, 1):.1f} ({items} items in {batches} batches)")
+    print(f"plot             {png.resolve()}")
+    return errors == 0 and checked == len(TRIPLES) and passed == checked and inconsistent == 0
+
+
+# main ------------------------------------------------------------------------------------------
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rstreamer demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=360, help="HTTP requests to send (default 360)")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients (default 32)")
+    parser.add_argument("--workers", type=int, default=2, help="embedding worker processes (default 2)")
+    parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes (default 2)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-latency", type=float, default=0.02)
+    parser.add_argument("--port", type=int, default=0, help="web port (default: a free one)")
+    parser.add_argument("--output", type=Path, default=Path("demo-output"), help="where the plot goes")
+    parser.add_argument("--serve", action="store_true", help="keep the stack up for manual requests until Ctrl-C")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rstreamer demo", description=__doc__)
-    parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-latency", type=float, default=0.1)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
+    if shutil.which("rstreamer-worker", path=str(Path(sys.executable).parent)) is None:
+        print("rstreamer demo: rstreamer-worker is not installed here; running it through python -c")
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\nrstreamer demo: interrupted; everything it started is stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args: argparse.Namespace) -> int:
     prefix = f"demo-{uuid.uuid4().hex[:8]}"
-    with redis_for_demo() as url:
-        spec = WorkerSpec("workers.echo:EchoModel", args.batch_size, args.max_latency, url, prefix, log_level="WARNING")
-        with supervised_workers(spec, args.workers), RedisStreamer(url, prefix) as streamer:
-            wait_for_workers(streamer, args.workers)
-            latencies, wrong, elapsed = run_load(streamer, args.calls, args.threads)
-            batches, items = worker_totals(streamer, args.calls)
-    print(f"calls            {args.calls} from {args.threads} threads, {args.workers} workers")
-    print(f"answers checked  {args.calls - wrong} correct, {wrong} wrong")
-    print(f"throughput       {args.calls / elapsed:,.0f} calls/s")
-    print(f"latency          p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
-          f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, mean {statistics.mean(latencies) * 1000:.1f} ms")
-    print(f"mean batch size  {items / max(batches, 1):.1f} ({batches} batches)")
-    return 0 if wrong == 0 else 1
+    keys = Keys(prefix)
+    port = args.port or free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    args.output.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(redis_for_demo())
+        client = redis.Redis.from_url(url)
+        stack.callback(client.close)
+        stack.callback(_forget_prefix, client, keys)
+        env = _child_env(url, prefix)
+        log = stack.enter_context((args.output / "stack.log").open("wb"))
+        print(f"starting {args.workers} embedding workers (rstreamer-worker {MODEL}) and gunicorn at {base_url}")
+        workers = stack.enter_context(group_process(worker_command(args), log, env))
+        web = stack.enter_context(group_process(web_command(port, args.web_workers), log, env, cwd=_source_root()))
+        wait_for_workers(client, keys, args.workers)
+        wait_ready(base_url, [workers, web])
+        if args.serve:
+            return serve(base_url, args.output / "stack.log")
+        return drive(args, base_url, client, keys)
+    return 1  # not reached; ExitStack does not swallow exceptions
+
+
+def drive(args: argparse.Namespace, base_url: str, client: redis.Redis, keys: Keys) -> int:
+    sampler = BatchSampler(client, keys)
+    before = sampler.totals()
+    with sampler.sampling():
+        samples, elapsed = asyncio.run(_run_load(base_url, args.requests, args.clients))
+    # Heartbeats publish the totals every half second: wait for the last batches to show.
+    deadline = time.monotonic() + 3.0
+    after = sampler.totals()
+    while after[1] - before[1] < sum(s.status == 200 for s in samples) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = sampler.totals()
+    png = args.output / "rstreamer-demo.png"
+    plot(samples, batch_series(sampler.points), png)
+    good = report(args, samples, elapsed, after[0] - before[0], after[1] - before[1], png)
+    return 0 if good else 1
+
+
+def serve(base_url: str, log: Path) -> int:
+    print(f"\nthe stack is up at {base_url} (logs in {log}); try:\n"
+          f"  curl -s -X POST {base_url}/predict -H 'content-type: application/json' "
+          f"-d '{{\"inputs\": [\"Happy birthday to you.\"]}}' | head -c 200; echo\n"
+          f"  curl -s -X POST {base_url}/predict -d 's=Happy birthday to you.' -d 's=Many happy returns.' "
+          f"| head -c 200; echo\n"
+          f"  curl -s {base_url}/readyz; echo\n"
+          f"  curl -s {base_url}/metrics | grep rstreamer_\n"
+          "press Ctrl-C to stop everything")
+    threading.Event().wait()
+    return 0
+
+
+def _forget_prefix(client: redis.Redis, keys: Keys) -> None:
+    """Remove the demo's stream and heartbeats (matters when RSTREAMER_REDIS_URL points at a shared Redis)."""
+    with contextlib.suppress(redis.RedisError):
+        client.delete(keys.requests, keys.workers, keys.dead)
