@@ -1,4 +1,4 @@
-"""rediss:// with a CA, a client certificate and an ACL user, against a TLS-only redis-server."""
+"""rediss:// with a CA, a client certificate and a least-privileged ACL user, against a TLS-only redis-server."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import pytest
 
-from rstreamer import RedisStreamer
+from rstreamer import RedisStreamer, status
 from rstreamer.errors import BrokerUnavailable
 from support.procs import WorkerProcesses
 from support.tls import PASSWORD, TlsRedis, make_certificates, tls_unsupported_reason
@@ -41,6 +41,9 @@ def test_round_trip_over_tls_with_client_certificate_and_acl_user(tls_redis, pre
         with RedisStreamer(url, prefix) as streamer:
             assert streamer.redis.connection_pool.connection_class.__name__ == "SSLConnection"
             assert streamer.predict([1, "tls"]) == [2, "tlstls"]
+            # status works with the least-privileged ACL user too
+            report = status.prefix_status(streamer.redis, prefix, dead_after=2.0, interval=0)
+            assert len(report["workers"]) == 1 and prefix in status.list_prefixes(streamer.redis)
     finally:
         workers.stop_all()
     text = log.read_text()

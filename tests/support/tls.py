@@ -13,6 +13,8 @@ from rstreamer.embedded import find_server_binary
 from support.servers import ServerProcess
 
 USER, PASSWORD = "rstreamer", "tls-Pa55:w/rd"
+# The least-privileged user docs/deploy.md recommends: rstreamer's keys only, no dangerous commands.
+ACL_RULES = ("~rstreamer:*", "resetchannels", "+@all", "-@dangerous")
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class TlsRedis:
             "--port", "0", "--tls-port", str(self.server.port), "--bind", "127.0.0.1",
             "--tls-cert-file", str(c.server_cert), "--tls-key-file", str(c.server_key),
             "--tls-ca-cert-file", str(c.ca), "--tls-auth-clients", "yes",
-            "--user", "default", "off", "--user", USER, "on", f">{PASSWORD}", "~*", "&*", "+@all",
+            "--user", "default", "off", "--user", USER, "on", f">{PASSWORD}", *ACL_RULES,
             "--save", "", "--appendonly", "no",
         ]
         self.server.start(self._ping)
