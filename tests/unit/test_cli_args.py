@@ -122,6 +122,9 @@ def test_per_gpu_placement_and_child_environment(monkeypatch):
 def test_rstreamer_dispatch(capsys, monkeypatch):
     assert cli.main(["--help"]) == 0 and "status" in capsys.readouterr().out
     assert cli.main(["nope"]) == 2 and "unknown command" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["worker", "--help"])
+    assert exit_info.value.code == 0 and "rstreamer-worker" in capsys.readouterr().out
     calls = []
 
     class FakeBench:
