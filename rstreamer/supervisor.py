@@ -176,10 +176,8 @@ class Supervisor:
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
         self._restart_at: dict[int, float] = {}
         self._stopping = threading.Event()
-        # stop() writes a byte here so that the watch loop wakes at once; safe in a signal handler.
-        self._wake_reader, self._wake_writer = socket.socketpair()
-        self._wake_reader.setblocking(False)
-        self._wake_writer.setblocking(False)
+        self._wake_reader: socket.socket | None = None
+        self._wake_writer: socket.socket | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -189,21 +187,30 @@ class Supervisor:
     def stop(self) -> None:
         """Ask every worker to drain and exit; ``run`` then returns. Safe from any thread or signal handler."""
         self._stopping.set()
+        writer = self._wake_writer
+        if writer is None:
+            return  # run() has not started (it checks the flag first) or has finished
         try:
-            self._wake_writer.send(b"x")
+            writer.send(b"x")
         except OSError:
-            pass  # already awake (buffer full) or run() has finished
+            pass  # already awake (buffer full) or run() has just finished
 
     def run(self) -> int:
         """Supervise until stopped (0 once every worker drained, 1 if one had to be killed) or a crash loop (1)."""
+        # stop() writes a byte here so that the watch loop wakes at once; safe in a signal handler.
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
         previous = self._install_signal_handlers()
         try:
             return self._supervise()
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            self._wake_reader.close()
-            self._wake_writer.close()
+            reader, writer = self._wake_reader, self._wake_writer
+            self._wake_reader = self._wake_writer = None
+            reader.close()
+            writer.close()
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -245,7 +252,8 @@ class Supervisor:
                     slot, "cpu" if gpu is None else f"gpu {gpu}", process.pid)
 
     def _watch_once(self) -> None:
-        waitables = [self._wake_reader] + [p.sentinel for p in self._processes.values() if p.exitcode is None]
+        waitables: list[Any] = [self._wake_reader]
+        waitables += [p.sentinel for p in self._processes.values() if p.exitcode is None]
         multiprocessing.connection.wait(waitables, timeout=self._next_timeout())
         self._drain_wakeups()
         if self._stopping.is_set():
@@ -265,6 +273,7 @@ class Supervisor:
         return max(0.0, min(self._restart_at.values()) - time.monotonic())
 
     def _drain_wakeups(self) -> None:
+        assert self._wake_reader is not None
         try:
             while self._wake_reader.recv(64):
                 pass
