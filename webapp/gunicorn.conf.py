@@ -18,6 +18,9 @@ worker_connections = 1000  # gevent: concurrent requests per process
 timeout = 60
 graceful_timeout = 30
 keepalive = 5
+# gunicorn 27's control socket has one default path per user, which several servers on one host
+# would fight over; the app has no use for it.
+control_socket_disable = True
 
 
 def post_fork(server, worker):  # type: ignore[no-untyped-def]

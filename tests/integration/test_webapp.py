@@ -1,12 +1,17 @@
 """The Flask app end to end: a real gunicorn subprocess, real worker processes, real HTTP."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from rstreamer.keys import Keys
+from support import procs
 from support.procs import wait_until
 from support.sentences import TRIPLES, cosine
 from support.web import web  # noqa: F401  (web is a fixture)
@@ -204,3 +209,22 @@ def test_uwsgi_with_lazy_apps(redis_url, prefix, workers, web):
         outputs = list(pool.map(lambda n: server.predict([n]).json(), range(50)))
     assert outputs == [{"outputs": [2 * n]} for n in range(50)]
     assert server.client.get("/readyz").status_code == 200
+
+
+def test_load_script_and_wrk_script(redis_url, prefix, workers, web):
+    workers.start(prefix, model="workers.echo:EchoModel", batch_size=32, max_latency=0.01)
+    server = web.gunicorn(prefix)
+    for form in ([], ["--form"]):
+        load = subprocess.run([sys.executable, "-m", "webapp.load", "--url", server.url, "--requests", "200",
+                               "--concurrency", "16", *form], cwd=procs.ROOT, env=procs.test_env(), capture_output=True,
+                              text=True, timeout=50)
+        assert load.returncode == 0, load.stdout + load.stderr
+        assert "200 x 200" in load.stdout
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed")
+    for body_format in ("form", "json"):
+        bench = subprocess.run(["wrk", "-t", "1", "-c", "8", "-d", "1s", "-s", "webapp/benchmark.lua",
+                                f"{server.url}/predict"], cwd=procs.ROOT, capture_output=True, text=True, timeout=30,
+                               env={**os.environ, "BENCH_FORMAT": body_format})
+        assert bench.returncode == 0 and "Requests/sec" in bench.stdout, bench.stdout + bench.stderr
+        assert "status " not in bench.stdout and "Non-2xx" not in bench.stdout, bench.stdout
