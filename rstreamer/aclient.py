@@ -70,6 +70,10 @@ class AsyncRedisStreamer:
         future = AsyncFuture(self.redis, call, self.url)
         if call.payloads:
             with redis_errors(self.url):
+                # Cheap once done. A cold redis.asyncio RedisCluster given many concurrent first
+                # commands closes connections still in use ('NoneType' has no 'writelines',
+                # redis-py 8.1); initializing first, under its own lock, avoids that.
+                await self.redis.initialize()
                 self.calls.check_enqueued(await self._enqueue(**self.calls.enqueue_args(call)))
         return future
 

@@ -1,6 +1,7 @@
 """The Redis transport on a real 3-master Redis Cluster: core, reliability, status, sharding by prefix."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -11,9 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from rstreamer import RedisStreamer
+from rstreamer import AsyncRedisStreamer, RedisStreamer
 from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
 from support.cluster import LocalCluster
@@ -84,6 +86,17 @@ def test_round_trip_through_the_cluster(cluster, client, prefix, cluster_workers
     assert outputs[:5] == [6, 3.0, "abab", b"abab", [1, 2, 1, 2]]
     assert outputs[5].dtype == np.float16 and outputs[5].tolist() == [0.0, 2.0, 4.0]
     assert client.xlen(Keys(prefix).requests) == 0, "answered entries are XDELed by the worker's MULTI"
+
+
+def test_async_streamer_through_the_cluster(cluster, prefix, cluster_workers):
+    cluster_workers.start(prefix)
+
+    async def calls() -> list[list[int]]:
+        async with AsyncRedisStreamer(cluster.url, prefix) as streamer:
+            assert isinstance(streamer.redis, AsyncRedisCluster)
+            return list(await asyncio.gather(*(streamer.predict([n, n + 1]) for n in range(20))))
+
+    assert asyncio.run(calls()) == [[2 * n, 2 * n + 2] for n in range(20)]
 
 
 def test_concurrent_calls_each_get_their_own_answer(cluster, prefix, cluster_workers):
