@@ -16,7 +16,7 @@ from .batching import BatchPolicy, BatchStats, Outcome, answer_batch, collect_ba
 from .errors import ConfigError, Overloaded, WorkerStartupError
 from .future import Future
 from .model import ModelSpec, Predictor, load_predictor, model_ref
-from .placement import pin_process_to, round_robin
+from .placement import child_environment, pin_process_to, round_robin
 
 logger = logging.getLogger(__name__)
 
@@ -201,16 +201,16 @@ class Streamer(_LocalStreamer):
         self._failed: dict[int, str] = {}
         self._state_changed = threading.Condition()
         model = model_ref(predict_function_or_model)
-        self._processes = [
-            context.Process(
+        self._processes = []
+        for slot, gpu in enumerate(round_robin(worker_num, cuda_devices)):
+            process = context.Process(
                 target=_process_worker_main,
                 args=(model, gpu, model_init_args, model_init_kwargs, self.policy, self._inbox, self._outbox, slot),
                 name=f"rstreamer-worker-{slot}", daemon=True,
             )
-            for slot, gpu in enumerate(round_robin(worker_num, cuda_devices))
-        ]
-        for process in self._processes:
-            process.start()
+            with child_environment(gpu):
+                process.start()
+            self._processes.append(process)
         self._collector = threading.Thread(target=self._collect, name="rstreamer-collector", daemon=True)
         self._collector.start()
         if wait_for_worker_ready:
