@@ -16,7 +16,7 @@ import redis
 from flask import Flask, Request, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from rstreamer import RedisStreamer
+from rstreamer import BrokerUnavailable, RedisStreamer
 from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
@@ -99,7 +99,7 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
         try:
             now_ms, workers = read_workers(probe.get(), keys)
             status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix)
-        except redis.RedisError as exc:
+        except (redis.RedisError, BrokerUnavailable) as exc:  # a Cluster client fails when created
             status, body = protocol.unready(exc, config.prefix)
         return Response(body, status, mimetype=protocol.JSON)
 

@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rstreamer import AsyncRedisStreamer
+from rstreamer import AsyncRedisStreamer, lua
 from rstreamer.connection import create_async_redis
 from rstreamer.keys import Keys
-from rstreamer.liveness import parse_workers, server_time_ms
+from rstreamer.liveness import parse_read_workers
 
 from . import metrics, protocol
 from .config import WebConfig
@@ -93,12 +93,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _read_workers(client: Any, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
-    """The async twin of ``rstreamer.liveness.read_workers``."""
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.hgetall(keys.workers)
-        now, raw = await pipe.execute()
-    return server_time_ms(now), parse_workers(raw)
+    """The async twin of ``rstreamer.liveness.read_workers``: one script, so Redis Cluster works too."""
+    return parse_read_workers(await client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
 
 
 async def _healthz(request: Request) -> Response:

@@ -151,6 +151,24 @@ def run_status(url: str, *args: str) -> str:
     return done.stdout
 
 
+def test_web_apps_serve_and_report_ready_from_the_cluster(cluster, prefix, cluster_workers):
+    from starlette.testclient import TestClient
+    from webapp import app as flask_app
+    from webapp import asgi
+    from webapp.config import WebConfig
+
+    from rstreamer.settings import ClientSettings
+
+    cluster_workers.start(prefix)
+    config = WebConfig(cluster.url, prefix, ClientSettings(timeout=10))
+    with flask_app.create_app(config).test_client() as client:
+        assert client.get("/readyz").status_code == 200
+        assert client.post("/predict", json={"inputs": [1, 2]}).get_json() == {"outputs": [2, 4]}
+    with TestClient(asgi.create_app(config)) as client:
+        assert client.get("/readyz").status_code == 200
+        assert client.post("/predict", json={"inputs": [3]}).json() == {"outputs": [6]}
+
+
 def test_prefixes_spread_over_shards_and_each_stays_on_one_slot(cluster, client, cluster_workers):
     shards = prefixes_one_per_master(client, 3)
     assert sorted(shards) == sorted(cluster.ports), "each master owns some prefix"
