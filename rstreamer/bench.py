@@ -1,0 +1,799 @@
+"""`rstreamer bench`: one load through every transport, side by side, in one run.
+
+For each model (a no-op echo and a 4-layer Transformer encoder on CPU) it measures the
+direct batched call (the ceiling), two direct processes (the ceiling of two workers),
+ThreadedStreamer, Streamer and RedisStreamer with 1 and 2 worker processes, and with
+``--compare service_streamer`` the original package's transports too. It prints a table,
+writes ``bench.json`` and ``bench.png`` to ``--output`` and logs progress to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .model import Predictor, load_predictor
+
+LOAD_PAD = 0.5  # seconds of load before the measured window opens (queues fill, caches warm)
+SEQUENTIAL_WARMUP = 3
+_T0 = time.monotonic()
+
+
+# models ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A benchmark model: its import string, init kwargs and how to make one input item."""
+
+    name: str
+    ref: str
+    init_kwargs: dict[str, Any]
+
+    def item(self, n: int) -> Any:
+        if self.name == "transformer":
+            from workers.transformer import example_item
+
+            return example_item(n)
+        return f"item {n}"
+
+    def check(self, item: Any, output: Any) -> bool:
+        """True when ``output`` is a plausible answer to ``item``."""
+        if self.name == "transformer":
+            return len(output) == 256
+        return bool(output == item)
+
+
+MODELS = {
+    "noop": ModelInfo("noop", "workers.echo:EchoModel", {}),
+    "transformer": ModelInfo("transformer", "workers.transformer:TransformerModel", {"threads": 1}),
+}
+
+
+class LazyPredict:
+    """A picklable batch function that builds its model on first use, in whatever process
+    calls it: the way to hand a ManagedModel to service-streamer's Streamer, which only
+    recognises its own ManagedModel class."""
+
+    def __init__(self, ref: str, init_kwargs: dict[str, Any]) -> None:
+        self.ref = ref
+        self.init_kwargs = init_kwargs
+        self._predict: Predictor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"ref": self.ref, "init_kwargs": self.init_kwargs, "_predict": None}
+
+    def __call__(self, batch: list[Any]) -> Sequence[Any]:
+        if self._predict is None:
+            self._predict = load_predictor(self.ref, None, None, self.init_kwargs)
+        return self._predict(batch)
+
+
+# results -----------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    """One (model, transport) row of the table."""
+
+    model: str
+    transport: str
+    items_per_s: float | None = None
+    ceiling: str = "direct"
+    ratio: float | None = None
+    lone_p50_ms: float | None = None
+    lone_p99_ms: float | None = None
+    load_p50_ms: float | None = None
+    load_p99_ms: float | None = None
+    mean_batch: float | None = None
+    calls: int = 0
+    failed: int = 0
+    burst_callers: int = 0
+    burst_calls: int = 0
+    burst_failed: int = 0
+    note: str = ""
+
+
+@dataclass
+class Phase:
+    """What one load phase measured."""
+
+    latencies: list[float] = field(default_factory=list)
+    completed: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.completed / self.seconds if self.seconds else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..1); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000
+
+
+def log(message: str) -> None:
+    """A progress line on stderr."""
+    print(f"[bench {time.monotonic() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+# targets: how each transport is called -----------------------------------------------------
+
+@dataclass
+class Target:
+    """A transport under test: ``call(batch, timeout)`` and, when known, batch counters."""
+
+    call: Callable[[list[Any], float], Sequence[Any]]
+    totals: Callable[[int], tuple[int, int] | None] = lambda sent: None
+    finish: Callable[[], None] = lambda: None
+    ceiling: str = "direct"
+    sent: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, batch: list[Any], timeout: float = 20.0) -> Sequence[Any]:
+        with self._lock:
+            self.sent += len(batch)
+        return self.call(batch, timeout)
+
+
+def _ours_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+    from .local import ThreadedStreamer
+
+    with ThreadedStreamer(predict, args.batch_size, args.max_latency) as streamer:
+        yield "threaded", Target(streamer.predict, lambda sent: (streamer.stats.batches, streamer.stats.items))
+
+
+def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+    from .local import Streamer
+
+    streamer = Streamer(model.ref, args.batch_size, args.max_latency, worker_num=1,
+                        model_init_kwargs=model.init_kwargs, wait_for_worker_ready=True)
+    closed = threading.Event()
+
+    def finish() -> None:
+        streamer.close()
+        closed.set()
+
+    def totals(sent: int) -> tuple[int, int] | None:
+        # Streamer's worker reports its counters when it stops.
+        return (streamer.stats.batches, streamer.stats.items) if closed.is_set() else None
+
+    try:
+        yield "streamer", Target(streamer.predict, totals, finish)
+    finally:
+        streamer.close()
+
+
+@contextlib.contextmanager
+def _redis_url() -> Iterator[str]:
+    url = os.environ.get("RSTREAMER_REDIS_URL")
+    if url:
+        yield url
+        return
+    from .embedded import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        log(f"embedded Redis at {server.url}")
+        yield server.url
+
+
+def _heartbeat_totals(streamer: Any, sent: int, timeout: float = 5.0) -> tuple[int, int]:
+    """(batches, items) of the prefix's workers, once their heartbeats count ``sent`` items."""
+    from .liveness import read_workers
+
+    deadline = time.monotonic() + timeout
+    while True:
+        infos = read_workers(streamer.redis, streamer.keys)[1].values()
+        totals = sum(i["batches"] for i in infos), sum(i["items"] + i.get("expired", 0) for i in infos)
+        if totals[1] >= sent or time.monotonic() > deadline:
+            return totals
+        time.sleep(0.05)
+
+
+def _wait_workers(streamer: Any, count: int, timeout: float = 120.0) -> None:
+    from .liveness import read_workers
+
+    deadline = time.monotonic() + timeout
+    while len(read_workers(streamer.redis, streamer.keys)[1]) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count} workers did not start within {timeout:g}s")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _supervised(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> Iterator[None]:
+    """One supervised worker process in a thread of this process (as `rstreamer demo` runs them)."""
+    from .supervisor import Supervisor, WorkerSpec
+
+    spec = WorkerSpec(model.ref, args.batch_size, args.max_latency, url, prefix,
+                      init_kwargs=model.init_kwargs, log_level="WARNING")
+    supervisor = Supervisor(spec, [None])
+    thread = threading.Thread(target=supervisor.run, name="bench-supervisor", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        supervisor.stop()
+        thread.join(timeout=60)
+
+
+def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+    from .client import RedisStreamer
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    with _redis_url() as url, RedisStreamer(url, prefix) as streamer, contextlib.ExitStack() as workers:
+        for count in (1, 2):
+            workers.enter_context(_supervised(url, prefix, model, args))
+            _wait_workers(streamer, count)
+            yield f"redis-{count}", Target(
+                streamer.predict, lambda sent: _heartbeat_totals(streamer, sent),
+                ceiling="direct" if count == 1 else "direct-x2",
+            )
+
+
+# service-streamer (the original package) ----------------------------------------------------
+
+def _ss_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+    import service_streamer
+
+    streamer = service_streamer.ThreadedStreamer(predict, args.batch_size, args.max_latency)
+    try:
+        yield "ss-threaded", Target(lambda batch, timeout: streamer.submit(batch).result(timeout))
+    finally:
+        streamer.destroy_workers()
+
+
+def _ss_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+    import service_streamer
+
+    streamer = service_streamer.Streamer(LazyPredict(model.ref, model.init_kwargs), args.batch_size,
+                                         args.max_latency, worker_num=1)
+    try:
+        yield "ss-streamer", Target(lambda batch, timeout: streamer.submit(batch).result(timeout))
+    finally:
+        streamer.destroy_workers()
+
+
+class _OriginalWorkerModel:
+    """The model service-streamer's Redis worker builds: ours, plus a "ready" line on stderr once
+    it is loaded (the original has no readiness signal, and drops model init args)."""
+
+    model = ""
+
+    def __init__(self, gpu_id: int | None = None) -> None:
+        self.gpu_id = gpu_id
+
+    def init_model(self) -> None:
+        info = MODELS[self.model]
+        self._predict = load_predictor(info.ref, None, None, info.init_kwargs)
+        print("ready", file=sys.stderr, flush=True)
+
+    def predict(self, batch: list[Any]) -> Sequence[Any]:
+        return self._predict(batch)
+
+
+class OriginalEcho(_OriginalWorkerModel):
+    model = "noop"
+
+
+class OriginalTransformer(_OriginalWorkerModel):
+    model = "transformer"
+
+
+ORIGINAL_MODELS = {"noop": "rstreamer.bench:OriginalEcho", "transformer": "rstreamer.bench:OriginalTransformer"}
+
+
+def _ss_worker_process(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """service-streamer's run_redis_workers_forever with one worker, in a process group of its own;
+    returns once the worker's model is loaded."""
+    parsed = urllib.parse.urlsplit(url)
+    code = (
+        "import sys, json; from service_streamer import run_redis_workers_forever; "
+        "from rstreamer.model import import_string; a = json.loads(sys.argv[1]); "
+        "run_redis_workers_forever(import_string(a['ref']), a['batch'], a['latency'], worker_num=1, "
+        "redis_broker=a['broker'], prefix=a['prefix'])"
+    )
+    spec = {"ref": ORIGINAL_MODELS[model.name], "batch": args.batch_size, "latency": args.max_latency,
+            "broker": f"{parsed.hostname}:{parsed.port or 6379}", "prefix": prefix}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_repo_root(), os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], env=env, start_new_session=True,
+                               stderr=subprocess.PIPE)
+    ready = threading.Event()
+    threading.Thread(target=_watch_stderr, args=(process, ready), daemon=True).start()
+    if not ready.wait(300):
+        _stop_group(process)
+        raise RuntimeError("service-streamer worker did not load its model within 300s")
+    return process
+
+
+def _watch_stderr(process: subprocess.Popen[bytes], ready: threading.Event) -> None:
+    assert process.stderr is not None
+    for line in process.stderr:  # keep reading so the worker never blocks on a full pipe
+        if line.strip() == b"ready":
+            ready.set()
+    ready.set()
+
+
+def _repo_root() -> str:
+    import workers
+
+    return str(Path(workers.__file__).resolve().parent.parent)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, 9)
+    process.wait(timeout=10)
+
+
+def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+    import service_streamer
+
+    # The original's queue and channel names are global to a Redis server; a fresh prefix keeps runs apart.
+    prefix = f"bench-ss-{uuid.uuid4().hex[:8]}"
+    processes: list[subprocess.Popen[bytes]] = []
+    with _redis_url() as url:
+        broker = urllib.parse.urlsplit(url)
+        streamer = service_streamer.RedisStreamer(f"{broker.hostname}:{broker.port or 6379}", prefix)
+        try:
+            for count in (1, 2):
+                processes.append(_ss_worker_process(url, prefix, model, args))
+                yield f"ss-redis-{count}", Target(
+                    lambda batch, timeout: streamer.submit(batch).result(timeout),
+                    ceiling="direct" if count == 1 else "direct-x2",
+                )
+        finally:
+            for process in processes:
+                _stop_group(process)
+
+
+FAMILIES: dict[str, Callable[..., Iterator[tuple[str, Target]]]] = {
+    "threaded": _ours_threaded, "streamer": _ours_streamer, "redis": _ours_redis,
+}
+COMPARE_FAMILIES: dict[str, Callable[..., Iterator[tuple[str, Target]]]] = {
+    "threaded": _ss_threaded, "streamer": _ss_streamer, "redis": _ss_redis,
+}
+
+
+# load generators ----------------------------------------------------------------------------
+
+def _one_call(target: Target, model: ModelInfo, n: int, phase: Phase, timeout: float) -> float | None:
+    """Make one single-item call; its latency, or None (counted in ``phase``) when it failed."""
+    item = model.item(n)
+    started = time.perf_counter()
+    try:
+        output = target.run([item], timeout)
+        ok = len(output) == 1 and model.check(item, output[0])
+        error = "" if ok else "wrong answer"
+    except Exception as exc:  # every failure kind is counted, none stops the load
+        ok, error = False, type(exc).__name__
+    if not ok:
+        phase.failed += 1
+        phase.errors[error] = phase.errors.get(error, 0) + 1
+        return None
+    return time.perf_counter() - started
+
+
+def run_sequential(target: Target, model: ModelInfo, seconds: float, max_calls: int, timeout: float = 20.0) -> Phase:
+    """One caller, one item per call, one call at a time: the lone caller's latency."""
+    phase = Phase()
+    started = time.perf_counter()
+    while phase.completed + phase.failed < max_calls and time.perf_counter() - started < seconds:
+        latency = _one_call(target, model, phase.completed, phase, timeout)
+        if latency is not None:
+            phase.completed += 1
+            phase.latencies.append(latency)
+    phase.seconds = time.perf_counter() - started
+    return phase
+
+
+def run_concurrent(target: Target, model: ModelInfo, callers: int, seconds: float, timeout: float = 20.0) -> Phase:
+    """``callers`` threads calling one item at a time; counts calls that end in the measured window."""
+    phase = Phase(seconds=seconds)
+    stop = threading.Event()
+    window: list[float] = []
+
+    def caller(slot: int) -> None:
+        n = slot * 1_000_000
+        while not stop.is_set():
+            latency = _one_call(target, model, n, phase, timeout)
+            n += 1
+            ended = time.perf_counter()
+            if latency is not None and window and window[0] <= ended <= window[1]:
+                phase.completed += 1
+                phase.latencies.append(latency)
+
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(callers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(LOAD_PAD)
+    window[:] = [time.perf_counter(), time.perf_counter() + seconds]
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout + 5)
+    return phase
+
+
+def run_direct(predict: Predictor, model: ModelInfo, batch_size: int, seconds: float) -> float:
+    """Items/s of the model called directly on full batches, in this process."""
+    batch = [model.item(n) for n in range(batch_size)]
+    predict(batch)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        predict(batch)
+        done += batch_size
+    return done / (time.perf_counter() - started)
+
+
+def _direct_process(name: str, batch_size: int, seconds: float, ready: Any, start: Any, results: Any) -> None:
+    model = MODELS[name]
+    predict = load_predictor(model.ref, None, None, model.init_kwargs)
+    predict([model.item(n) for n in range(batch_size)])
+    ready.put(os.getpid())
+    start.wait()
+    results.put(run_direct(predict, model, batch_size, seconds))
+
+
+def run_direct_processes(model: ModelInfo, batch_size: int, seconds: float, count: int = 2) -> float:
+    """Summed items/s of ``count`` processes calling the model directly at the same time."""
+    context = multiprocessing.get_context("spawn")
+    ready, start, results = context.Queue(), context.Event(), context.Queue()
+    processes = [
+        context.Process(target=_direct_process, args=(model.name, batch_size, seconds, ready, start, results),
+                        daemon=True)
+        for _ in range(count)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        # Model loads take unequal time; starting together makes the measured windows coincide.
+        for _ in processes:
+            ready.get(timeout=300)
+        start.set()
+        return float(sum(results.get(timeout=seconds + 60) for _ in processes))
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+
+
+# measuring ----------------------------------------------------------------------------------
+
+def _fill_latencies(result: Result, lone: Phase, load: Phase | None) -> None:
+    result.lone_p50_ms = _ms(percentile(lone.latencies, 0.5))
+    result.lone_p99_ms = _ms(percentile(lone.latencies, 0.99))
+    if load is not None:
+        result.load_p50_ms = _ms(percentile(load.latencies, 0.5))
+        result.load_p99_ms = _ms(percentile(load.latencies, 0.99))
+
+
+def _mean_batch(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])
+
+
+def measure_direct(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Result:
+    """The ceiling: the model on full batches in this process; its lone latency is the model's own time."""
+    log(f"{model.name} · direct: batches of {args.batch_size} for {args.duration:g}s")
+    target = Target(lambda batch, timeout: predict(batch))
+    lone = run_sequential(target, model, args.lone_seconds, args.lone_calls)
+    result = Result(model.name, "direct", run_direct(predict, model, args.batch_size, args.duration),
+                    mean_batch=float(args.batch_size), failed=lone.failed)
+    _fill_latencies(result, lone, None)
+    return result
+
+
+def measure_direct_processes(model: ModelInfo, args: argparse.Namespace) -> Result:
+    """The ceiling of two workers: two processes calling the model directly at once."""
+    log(f"{model.name} · direct-x2: two processes, batches of {args.batch_size} for {args.duration:g}s")
+    rate = run_direct_processes(model, args.batch_size, args.duration)
+    return Result(model.name, "direct-x2", rate, ceiling="direct-x2", mean_batch=float(args.batch_size))
+
+
+def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.Namespace) -> Result:
+    """Lone caller, then ``args.callers`` concurrent callers, then (for redis-2) the burst."""
+    log(f"{model.name} · {name}: warming up")
+    # Generous: the first calls may wait for a model to load (service-streamer has no readiness signal).
+    warm = run_sequential(target, model, 300, SEQUENTIAL_WARMUP, timeout=120)
+    lone = run_sequential(target, model, args.lone_seconds, args.lone_calls)
+    log(f"{model.name} · {name}: lone caller p50 {_fmt(_ms(percentile(lone.latencies, 0.5)), 2)} ms; "
+        f"{args.callers} callers for {args.duration:g}s")
+    # Streamer's counters arrive only when it stops; sequential calls are one-item batches.
+    before = target.totals(target.sent) or (target.sent, target.sent)
+    load = run_concurrent(target, model, args.callers, args.duration)
+    target.finish()
+    result = Result(model.name, name, load.rate, ceiling=target.ceiling, calls=load.completed,
+                    failed=warm.failed + lone.failed + load.failed)
+    result.mean_batch = _mean_batch(before, target.totals(target.sent))
+    _fill_latencies(result, lone, load)
+    if load.errors:
+        result.note = "errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(load.errors.items()))
+    log(f"{model.name} · {name}: {result.items_per_s:,.0f} items/s, mean batch {_fmt(result.mean_batch, 1)}")
+    if name.endswith("redis-2") and model.name == "noop" and args.burst_callers:
+        _measure_burst(model, name, target, args, result)
+    return result
+
+
+def _measure_burst(model: ModelInfo, name: str, target: Target, args: argparse.Namespace, result: Result) -> None:
+    log(f"{model.name} · {name}: {args.burst_callers} concurrent callers for {args.burst_seconds:g}s")
+    burst = run_concurrent(target, model, args.burst_callers, args.burst_seconds)
+    result.burst_callers = args.burst_callers
+    result.burst_calls = burst.completed + burst.failed
+    result.burst_failed = burst.failed
+    if burst.errors:
+        result.note = (result.note + "; " if result.note else "") + "burst errors: " + ", ".join(
+            f"{k} x{v}" for k, v in sorted(burst.errors.items()))
+    log(f"{model.name} · {name}: {result.burst_calls} calls, {burst.failed} failed")
+
+
+def set_ratios(results: list[Result]) -> None:
+    """Each row's items/s over its ceiling's (direct, or direct-x2 for two workers) of the same model."""
+    ceilings = {(r.model, r.transport): r.items_per_s for r in results if r.transport in ("direct", "direct-x2")}
+    for result in results:
+        ceiling = ceilings.get((result.model, result.ceiling))
+        if result.items_per_s is not None and ceiling:
+            result.ratio = result.items_per_s / ceiling
+
+
+def bench_model(model: ModelInfo, args: argparse.Namespace) -> list[Result]:
+    """Every selected transport on one model, one after the other."""
+    log(f"{model.name}: loading the model in this process")
+    predict = load_predictor(model.ref, None, None, model.init_kwargs)
+    results = [measure_direct(model, predict, args)]
+    if model.name != "noop":  # a no-op's "two processes" ceiling says nothing about transports
+        results.append(measure_direct_processes(model, args))
+    families = [FAMILIES[name] for name in args.transports]
+    if args.compare:
+        families += [COMPARE_FAMILIES[name] for name in args.transports]
+    for family in families:
+        with contextlib.closing(family(model, predict, args)) as targets:
+            for name, target in targets:
+                results.append(measure_target(model, name, target, args))
+    set_ratios(results)
+    return results
+
+
+# reporting ----------------------------------------------------------------------------------
+
+COLUMNS = ("model", "transport", "items/s", "vs ceiling", "lone p50", "lone p99", "load p50", "load p99",
+           "mean batch", "failed")
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(value: float) -> str:
+    return "<0.01" if value < 0.01 else f"{value:.2f}"
+
+
+def _row(result: Result) -> list[str]:
+    ratio = "-" if result.ratio is None or result.transport == result.ceiling else \
+        f"{_ratio(result.ratio)} of {result.ceiling}"
+    return [result.model, result.transport, _fmt(result.items_per_s), ratio,
+            _fmt(result.lone_p50_ms, 2), _fmt(result.lone_p99_ms, 2), _fmt(result.load_p50_ms, 1),
+            _fmt(result.load_p99_ms, 1), _fmt(result.mean_batch, 1), str(result.failed)]
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """The results as an aligned text table (latencies in ms)."""
+    rows = [list(COLUMNS)] + [_row(r) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    bursts = [r for r in results if r.burst_callers]
+    lines += [f"{r.burst_callers} concurrent callers, {r.model} through {r.transport}: "
+              f"{r.burst_calls} calls, {r.burst_failed} failed" for r in bursts]
+    return "\n".join(lines)
+
+
+def comparison(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """rstreamer against service-streamer, transport by transport."""
+    by_key = {(r.model, r.transport): r for r in results}
+    rows = []
+    for r in results:
+        original = by_key.get((r.model, "ss-" + r.transport))
+        if original is None or not original.items_per_s or r.items_per_s is None:
+            continue
+        lone = (original.lone_p50_ms / r.lone_p50_ms) if original.lone_p50_ms and r.lone_p50_ms else None
+        rows.append({"model": r.model, "transport": r.transport, "throughput_x": r.items_per_s / original.items_per_s,
+                     "lone_p50_x": lone})
+    return rows
+
+
+def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["rstreamer vs service-streamer (items/s ratio; lone-caller p50 speed-up):"]
+    lines += [f"  {row['model']:<12} {row['transport']:<10} throughput x{row['throughput_x']:.2f}   "
+              f"lone p50 x{_fmt(row['lone_p50_x'], 1)}" for row in rows]
+    return "\n".join(lines)
+
+
+def _get(results: Sequence[Result], model: str, transport: str) -> Result | None:
+    return next((r for r in results if r.model == model and r.transport == transport), None)
+
+
+def check_targets(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """The issue's targets that this run's rows can decide: name, measured value, goal, met."""
+    checks: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, goal: float, higher_is_better: bool = True) -> None:
+        if value is not None:
+            met = value >= goal if higher_is_better else value < goal
+            checks.append({"target": name, "value": round(value, 3), "goal": round(goal, 3), "met": met})
+
+    for workers in (1, 2):
+        ours, original = _get(results, "noop", f"redis-{workers}"), _get(results, "noop", f"ss-redis-{workers}")
+        if ours and original and ours.items_per_s and original.items_per_s:
+            add(f"noop redis-{workers} throughput / service-streamer's", ours.items_per_s / original.items_per_s, 5.0)
+    noop, direct = _get(results, "noop", "redis-1"), _get(results, "transformer", "direct")
+    add("noop redis-1 lone p50 ms", noop.lone_p50_ms if noop else None, 2.0, higher_is_better=False)
+    transformer = _get(results, "transformer", "redis-1")
+    if transformer and direct and direct.lone_p50_ms is not None:
+        add("transformer redis-1 lone p50 ms (goal: model time + 1)", transformer.lone_p50_ms,
+            direct.lone_p50_ms + 1.0, higher_is_better=False)
+    for transport, goal in (("redis-1", 0.95), ("redis-2", 0.90), ("threaded", 0.98)):
+        row = _get(results, "transformer", transport)
+        add(f"transformer {transport} / {row.ceiling if row else 'ceiling'}", row.ratio if row else None, goal)
+    for row in results:
+        if row.burst_callers and not row.transport.startswith("ss-"):
+            add(f"{row.burst_callers} callers through {row.transport}: failed calls", float(row.burst_failed),
+                0.5, higher_is_better=False)
+    return checks
+
+
+def format_targets(checks: Sequence[dict[str, Any]]) -> str:
+    lines = ["targets:"]
+    lines += [f"  {'met ' if c['met'] else 'MISS'}  {c['target']}: {c['value']:g} (goal {c['goal']:g})" for c in checks]
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[Result], path: Path) -> None:
+    """Items/s and latencies per transport, one row of panels per model (log scales)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r.model for r in results))
+    figure, axes = plt.subplots(len(models), 2, figsize=(13, 4 * len(models)), squeeze=False)
+    for row, model in enumerate(models):
+        rows = [r for r in results if r.model == model]
+        names = [r.transport for r in rows]
+        throughput = axes[row][0]
+        throughput.barh(names, [r.items_per_s or 0 for r in rows], color="tab:blue")
+        throughput.set_xscale("log")
+        throughput.set_title(f"{model}: items/s (64 callers; direct = batched call)")
+        throughput.invert_yaxis()
+        for i, r in enumerate(rows):
+            if r.ratio is not None and r.transport != r.ceiling:
+                throughput.text(r.items_per_s or 0, i, f" {r.ratio:.2f}", va="center", fontsize=8)
+        latency = axes[row][1]
+        positions = range(len(rows))
+        latency.barh([p - 0.2 for p in positions], [r.lone_p50_ms or 0 for r in rows], 0.4, label="lone p50")
+        latency.barh([p + 0.2 for p in positions], [r.load_p50_ms or 0 for r in rows], 0.4, label="64 callers p50")
+        latency.set_yticks(list(positions), names)
+        latency.set_xscale("log")
+        latency.invert_yaxis()
+        latency.set_title(f"{model}: latency (ms)")
+        latency.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    return {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version(),
+            "platform": platform.platform(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def write_outputs(results: list[Result], args: argparse.Namespace, started: dict[str, Any]) -> Path:
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    document = {
+        "machine": {"before": started, "after": machine_info()},
+        "options": {k: v for k, v in vars(args).items()},
+        "results": [asdict(r) for r in results],
+        "comparison": comparison(results),
+        "targets": check_targets(results),
+    }
+    (output / "bench.json").write_text(json.dumps(document, indent=2))
+    plot(results, output / "bench.png")
+    return output
+
+
+# command line -------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rstreamer bench", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--models", default="noop,transformer", help="comma-separated: " + ",".join(MODELS))
+    parser.add_argument("--transports", default="threaded,streamer,redis", help="comma-separated: " +
+                        ",".join(FAMILIES) + " (direct and direct-x2 always run)")
+    parser.add_argument("--compare", choices=["service_streamer"], help="also run the original package")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-latency", type=float, default=0.1)
+    parser.add_argument("--callers", type=int, default=64, help="concurrent callers of the load phase")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds each load phase is measured")
+    parser.add_argument("--lone-seconds", type=float, default=2.0, help="seconds of the lone-caller phase")
+    parser.add_argument("--lone-calls", type=int, default=300, help="at most this many lone calls")
+    parser.add_argument("--burst-callers", type=int, default=512, help="callers of the burst phase (0: none)")
+    parser.add_argument("--burst-seconds", type=float, default=3.0)
+    parser.add_argument("--quick", action="store_true", help="short phases (about 30 s without --compare)")
+    parser.add_argument("--output", default="bench-output", help="folder for bench.json and bench.png")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.lone_seconds, args.lone_calls, args.burst_seconds = 1.0, 0.5, 100, 1.0
+    args.models = _names(parser, args.models, MODELS)
+    args.transports = _names(parser, args.transports, FAMILIES)
+    return args
+
+
+def _names(parser: argparse.ArgumentParser, text: str, known: dict[str, Any]) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return names
+
+
+def _compare_available(args: argparse.Namespace) -> bool:
+    if not args.compare:
+        return True
+    try:
+        import service_streamer  # noqa: F401
+    except ImportError:
+        print("rstreamer bench: --compare service_streamer needs `pip install service-streamer`", file=sys.stderr)
+        return False
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print the table; write JSON and a PNG plot. 0 unless a call failed."""
+    args = parse_args(argv)
+    if not _compare_available(args):
+        return 2
+    # The benchmark models live in the top-level `workers` package of the repository.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    started = machine_info()
+    log(f"{started['cpus']} CPUs, load average {started['load_average'][0]:.2f}")
+    results: list[Result] = []
+    for name in args.models:
+        results += bench_model(MODELS[name], args)
+    output = write_outputs(results, args, started)
+    print(format_table(results))
+    if args.compare:
+        print(format_comparison(comparison(results)))
+    print(format_targets(check_targets(results)))
+    print(f"load average {started['load_average'][0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
+          f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+    return 1 if any(r.failed for r in results if not r.transport.startswith("ss-")) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
