@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import ConfigError
+from .errors import BrokerUnavailable, ConfigError
 from .settings import DEFAULT_REDIS_URL, WorkerSettings
 
 USAGE = """usage: rstreamer COMMAND [options]
@@ -323,6 +323,9 @@ def status_main(argv: list[str]) -> int:
     except (ValueError, ConfigError) as exc:
         print(f"rstreamer status: {exc}", file=sys.stderr)
         return 2
+    except BrokerUnavailable as exc:  # a Cluster client reads its slot map at once
+        print(f"rstreamer status: {exc}", file=sys.stderr)
+        return 1
     try:
         if args.prefix and not args.all:
             report: Any = status.prefix_status(client, args.prefix, dead_after, args.interval)

@@ -47,7 +47,8 @@ _SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+clus
             "redis+sentinel://", "rediss+sentinel://")
 _DEFAULT_PORTS = {"single": 6379, "cluster": 6379, "sentinel": 26379}
 _SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
-_USERINFO_PASSWORD = re.compile(r"(://[^:@/]*:)[^@/]*@")
+# Greedy up to the last '@' of the authority: a password may itself contain '@'.
+_USERINFO_PASSWORD = re.compile(r"(://[^:@/]*:)[^/]*@")
 _QUERY_PASSWORD = re.compile(r"((?:^|[?&])[a-z_]*password=)[^&#]*")  # ssl_password, sentinel_password
 
 # Errors that mean "Redis is away for now": a failover, a restart, a resharding slot.
@@ -66,7 +67,8 @@ def normalize_broker_url(redis_broker: str | None) -> str:
         return f"redis://{redis_broker}/0"
     if re.fullmatch(r"[\w.\-]+", redis_broker):
         return f"redis://{redis_broker}:6379/0"
-    raise ValueError(f"not a Redis URL or host:port: {redacted(redis_broker)!r}")
+    shown = "(hidden: it holds credentials)" if "@" in redis_broker else repr(redis_broker)
+    raise ValueError(f"not a Redis URL or host:port: {shown}; expected e.g. redis://host:6379/0")
 
 
 def redacted(url: str) -> str:
