@@ -23,7 +23,7 @@ USAGE = """usage: rstreamer COMMAND [options]
 
 commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
-  demo     embedded Redis, 2 workers, 1000 calls, a summary
+  demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP calls, a summary
   bench    benchmarks
   worker   the same as rstreamer-worker
 """
