@@ -25,6 +25,7 @@ commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
   demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP calls, a summary
   bench    benchmarks
+  chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   worker   the same as rstreamer-worker
 """
 
@@ -367,12 +368,20 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "worker":
         return worker_main(rest)
-    commands: dict[str, Callable[[list[str]], int]] = {"demo": _demo_main, "status": status_main, "bench": bench_main}
+    commands: dict[str, Callable[[list[str]], int]] = {
+        "demo": _demo_main, "status": status_main, "bench": bench_main, "chaos": _chaos_main,
+    }
     if command not in commands:
         print(f"rstreamer: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
         return 2
     configure_logging("WARNING", f"rstreamer {command}")
     return commands[command](rest)
+
+
+def _chaos_main(argv: list[str]) -> int:
+    from .chaos import main as chaos_main
+
+    return chaos_main(argv)
 
 
 def _demo_main(argv: list[str]) -> int:
