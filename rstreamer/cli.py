@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import BrokerUnavailable, ConfigError
+from .model import split_import_string
 from .settings import DEFAULT_REDIS_URL, WorkerSettings
 
 USAGE = """usage: rstreamer COMMAND [options]
@@ -215,11 +216,7 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
 
 def _check_model_module(model: str) -> None:
     """Fail fast on a misspelt module without importing it (the supervisor stays light)."""
-    module_name, sep, attr = model.partition(":")
-    if not sep:
-        module_name, _, attr = model.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"expected the model as 'package.module:Name', got {model!r}")
+    module_name, _ = split_import_string(model)
     try:
         found = importlib.util.find_spec(module_name)
     except (ImportError, ValueError) as exc:

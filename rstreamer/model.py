@@ -42,13 +42,19 @@ Predictor = Callable[[list[Any]], Sequence[Any]]
 ModelSpec = Union[type[ManagedModel], Predictor, str]
 
 
-def import_string(ref: str) -> Any:
-    """Import ``package.module:Name`` (or ``package.module.Name``)."""
+def split_import_string(ref: str) -> tuple[str, str]:
+    """``package.module:Name`` (or ``package.module.Name``) → ``(module, name)``."""
     module_name, sep, attr = ref.partition(":")
     if not sep:
         module_name, _, attr = ref.rpartition(".")
     if not module_name or not attr:
         raise ConfigError(f"expected 'package.module:Name', got {ref!r}")
+    return module_name, attr
+
+
+def import_string(ref: str) -> Any:
+    """Import ``package.module:Name`` (or ``package.module.Name``)."""
+    module_name, attr = split_import_string(ref)
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):
