@@ -1,0 +1,134 @@
+"""RedisStreamer coalesces concurrent calls into one ENQUEUE and one reply key: every caller
+still gets its own answers, its own deadline and its own Overloaded, and nothing leaks."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from rstreamer import ClientSettings, RedisStreamer
+from rstreamer.client import Coalescer
+from rstreamer.errors import Overloaded, StreamerTimeout
+
+
+@pytest.fixture
+def sends(monkeypatch):
+    """Record the calls of each ENQUEUE_CALLS; the first one is held back 0.3 s so that others pile up."""
+    record: list[int] = []
+    original = Coalescer._send
+
+    def slow_first_send(self, taken):
+        record.append(len(taken))
+        if len(record) == 1:
+            time.sleep(0.3)
+        return original(self, taken)
+
+    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
+    return record
+
+
+def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, prefix, workers, sends):
+    workers.start(prefix, batch_size=64, max_latency=0.01)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        def call(n: int) -> list[int]:
+            return streamer.predict([n] * (1 + n % 3))
+
+        with ThreadPoolExecutor(48) as pool:
+            outputs = list(pool.map(call, range(480)))
+    assert outputs == [[2 * n] * (1 + n % 3) for n in range(480)]
+    assert max(sends) > 1, "no calls were coalesced"
+    assert sum(sends) == 480 and len(sends) < 480
+
+
+def test_each_coalesced_call_keeps_its_own_deadline(redis_client, redis_url, prefix, sends):
+    with RedisStreamer(redis_url, prefix) as streamer:
+        timeouts = [5.0, 7.0, 9.0]
+        threads = [threading.Thread(target=streamer.submit, args=([t], t)) for t in timeouts]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)  # the first one is held back, the others join the second ENQUEUE
+        for thread in threads:
+            thread.join()
+        entries = redis_client.xrange(streamer.keys.requests)
+        by_payload = {fields[b"p"]: fields for _, fields in entries}
+        deadlines = sorted(int(fields[b"d"]) for fields in by_payload.values())
+        assert sends == [1, 2]
+        assert deadlines[1] - deadlines[0] == pytest.approx(2000, abs=200)
+        assert deadlines[2] - deadlines[1] == pytest.approx(2000, abs=200)
+        streamer.redis.delete(streamer.keys.requests)
+
+
+def test_overload_is_exact_inside_a_coalesced_enqueue(redis_url, prefix, sends):
+    settings = ClientSettings(max_queue=10, timeout=5)
+    with RedisStreamer(redis_url, prefix, settings=settings) as streamer:
+        outcome = Counter()
+
+        def submit_one(_: int) -> None:
+            try:
+                streamer.submit([1])
+                outcome["accepted"] += 1
+            except Overloaded:
+                outcome["refused"] += 1
+
+        with ThreadPoolExecutor(30) as pool:
+            list(pool.map(submit_one, range(30)))
+        assert outcome == Counter(accepted=10, refused=20)
+        assert max(sends) > 10, "the test meant to refuse calls inside one ENQUEUE"
+        streamer.redis.delete(streamer.keys.requests)
+
+
+def test_calls_that_time_out_before_or_after_their_enqueue_leave_no_reply_key(redis_client, redis_url, prefix, sends):
+    with RedisStreamer(redis_url, prefix) as streamer:
+        late = []
+
+        def call(n: int) -> None:
+            started = time.monotonic()
+            with pytest.raises(StreamerTimeout):
+                streamer.predict([n], timeout=0.2 if n % 2 else 0.5)
+            late.append(time.monotonic() - started - (0.2 if n % 2 else 0.5))
+
+        with ThreadPoolExecutor(40) as pool:
+            list(pool.map(call, range(40)))
+        assert max(late) < 0.5  # the first ENQUEUE was held back 0.3 s: some expired before being sent
+        assert not list(redis_client.scan_iter(match=f"*{prefix}*reply*"))
+        streamer.redis.delete(streamer.keys.requests)
+
+
+def test_one_future_waited_on_by_two_threads(redis_url, prefix, workers):
+    workers.start(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        future = streamer.submit([1, 2, 3])
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda _: future.result(), range(2)))
+    assert results == [[2, 4, 6], [2, 4, 6]]
+
+
+def test_submit_and_predict_mixed_with_short_waits(redis_url, prefix, workers):
+    workers.start(prefix, batch_size=16, max_latency=0.005)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        wrong = []
+
+        def caller(seed: int) -> None:
+            rnd = random.Random(seed)
+            for _ in range(15):
+                batch = [rnd.randint(0, 99) for _ in range(rnd.choice([1, 1, 4]))]
+                if rnd.random() < 0.5:
+                    output = streamer.predict(batch)
+                else:
+                    future = streamer.submit(batch)
+                    output = None
+                    while output is None:
+                        try:
+                            output = future.result(timeout=rnd.choice([0.001, 0.05]))
+                        except StreamerTimeout:
+                            pass
+                if output != [2 * x for x in batch]:
+                    wrong.append((batch, output))
+
+        with ThreadPoolExecutor(32) as pool:
+            list(pool.map(caller, range(32)))
+    assert not wrong
