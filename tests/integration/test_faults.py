@@ -65,8 +65,8 @@ def test_sigkill_one_worker_mid_load_loses_nothing(redis_client, redis_url, pref
         outcomes = run_load(streamer, 5000, on_progress=kill_after_some)
     assert victim.wait(timeout=5) == -signal.SIGKILL
     assert outcomes == Counter(ok=5000)
-    _, infos = read_workers(redis_client, Keys(prefix))
-    assert [info["pid"] for info in infos.values()] == [survivor.pid], "the dead consumer must be forgotten"
+    wait_until(lambda: live_pids(redis_url, prefix) == {survivor.pid}, timeout=5,
+               what="the dead consumer to be forgotten")
 
 
 def test_sigkill_whole_worker_tree_then_new_worker_finishes_its_work(redis_url, prefix, workers, tmp_path):
