@@ -13,7 +13,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, from the pinned CPU wheel, so nothing later pulls another build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[all]"
+	# uwsgi builds from source; the test machines have a compiler, so its test runs too.
+	$(PY) -m pip install -q -e ".[all,uwsgi]"
 	touch $(STAMP)
 
 install: $(STAMP)
