@@ -19,6 +19,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
+MIN_LINGER = 0.001
+"""Shorter waits for more items are not worth a blocking read (Redis blocks in whole ms)."""
+
 
 @dataclass(frozen=True)
 class BatchPolicy:
@@ -28,18 +31,48 @@ class BatchPolicy:
     first item arrived. With ``adaptive`` (the default) it also closes as soon as the source
     is momentarily empty: the model is idle at that point, so waiting only adds latency,
     while under load items pile up during the previous batch and batches fill by themselves.
+    Except just after load (see :class:`BatchHint`): while a batch is smaller than the recent
+    ones, it waits for more, at most ``linger`` times the recent predict time (and never
+    past ``max_latency``), so that the callers of the last batch, coming back, fill this one.
     ``adaptive=False`` always waits ``max_latency`` for a batch to fill (service-streamer).
     """
 
     batch_size: int
     max_latency: float = 0.1
     adaptive: bool = True
+    linger: float = 0.1
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if not self.max_latency >= 0:  # also refuses NaN
             raise ConfigError(f"max_latency must be >= 0, got {self.max_latency!r}")
+        if not self.linger >= 0:
+            raise ConfigError(f"linger must be >= 0, got {self.linger!r}")
+
+
+@dataclass
+class BatchHint:
+    """What one consumer knows about its next batch.
+
+    ``size`` and ``seconds``: its recent batches' size and predict time; each is the last
+    batch's, or half the previous hint when that is more, so a burst is remembered for a few
+    batches and a lone caller (batches of one) never waits. ``share``: most items to take in
+    the first read of a batch when several consumers wait on one source (0: no limit), so
+    that a burst is split between idle consumers instead of going whole to the first one.
+    """
+
+    size: int = 0
+    seconds: float = 0.0
+    share: int = 0
+
+    def update(self, size: int, seconds: float) -> None:
+        self.size = max(size, self.size // 2)
+        self.seconds = max(seconds, self.seconds / 2)
+
+    def linger(self, policy: BatchPolicy) -> float:
+        """Seconds an under-filled batch may wait for more (0 when the recent batches were no bigger)."""
+        return min(policy.max_latency, policy.linger * self.seconds)
 
 
 class ItemSource(Protocol[T_co]):
@@ -57,20 +90,35 @@ def collect_batch(
     policy: BatchPolicy,
     first_wait: float,
     clock: Callable[[], float] = time.monotonic,
+    hint: BatchHint | None = None,
 ) -> list[T]:
-    """Gather one batch; empty if nothing arrived within ``first_wait`` seconds."""
-    batch = list(source.fetch(policy.batch_size, first_wait))
+    """Gather one batch; empty if nothing arrived within ``first_wait`` seconds.
+
+    ``hint`` is the consumer's BatchHint (see BatchPolicy); without one, adaptive never waits.
+    """
+    asked = min(hint.share, policy.batch_size) if hint is not None and hint.share else policy.batch_size
+    batch = list(source.fetch(asked, first_wait))
     if not batch:
         return batch
     started = clock()
     while len(batch) < policy.batch_size:
         wanted = policy.batch_size - len(batch)
-        if policy.adaptive:
+        if not policy.adaptive:
+            remaining = policy.max_latency - (clock() - started)
+            if remaining <= 0:
+                break
+        elif len(batch) >= asked:
+            # The first read stopped at a fair share: take, without waiting, what no idle peer took.
+            remaining = 0.0
+        elif hint is None or len(batch) >= hint.size:
             # fetch returned all there was, so the source is empty and the model idle.
             return batch
-        remaining = policy.max_latency - (clock() - started)
-        if remaining <= 0:
-            break
+        else:
+            # ...but this batch is smaller than the recent ones: their callers are coming back.
+            remaining = hint.linger(policy) - (clock() - started)
+            if remaining < MIN_LINGER:
+                break
+        asked = len(batch) + wanted
         more = source.fetch(wanted, remaining)
         if not more:
             break
@@ -174,8 +222,12 @@ def answer_batch(
     stats: BatchStats,
     now: float | None = None,
     observe: BatchObserver | None = None,
+    hint: BatchHint | None = None,
 ) -> list[tuple[I, Outcome[Any]]]:
-    """Run the items whose deadline is still ahead; the others are answered as expired."""
+    """Run the items whose deadline is still ahead; the others are answered as expired.
+
+    ``hint``, when given, learns the batch's size and predict time (see collect_batch).
+    """
     now = time.time() if now is None else now
     live = [item for item in items if item.deadline > now]
     expired = [item for item in items if item.deadline <= now]
@@ -190,5 +242,7 @@ def answer_batch(
         logger.debug("batch of %d in %.1f ms", len(live), seconds * 1000)
         if observe is not None:
             observe(len(live), seconds, failed)
+        if hint is not None:
+            hint.update(len(live), seconds)
     stats.expired += len(expired)
     return list(zip(live, outcomes)) + [(item, EXPIRED) for item in expired]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import BaseStreamer
-from .batching import BatchPolicy, BatchStats, Outcome, answer_batch, collect_batch
+from .batching import BatchHint, BatchPolicy, BatchStats, Outcome, answer_batch, collect_batch
 from .errors import ConfigError, Overloaded, WorkerStartupError
 from .future import Future
 from .model import ModelSpec, Predictor, load_predictor, model_ref
@@ -59,11 +59,12 @@ def serve_queue(
     stats: BatchStats,
 ) -> None:
     """Answer batches from ``source`` until a None item (the stop signal) arrives."""
+    hint = BatchHint()
     while True:
-        batch = collect_batch(source, policy, _IDLE_WAIT)
+        batch = collect_batch(source, policy, _IDLE_WAIT, hint=hint)
         items = [item for item in batch if item is not None]
         if items:
-            deliver(answer_batch(predict, items, stats))
+            deliver(answer_batch(predict, items, stats, hint=hint))
         if len(items) < len(batch):
             return
 

@@ -15,10 +15,12 @@ from typing import Any
 
 import redis
 
-from .batching import BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch, collect_batch
+from .batching import (
+    BatchHint, BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch, collect_batch,
+)
 from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .keys import Keys
-from .liveness import Heartbeat
+from .liveness import Heartbeat, live_workers, read_workers
 from .messages import MalformedEntry, Request, pack_results, parse_request, reply_address
 from .model import ModelSpec, Predictor, load_predictor
 from .reclaim import Reclaimer, plan_reclaim
@@ -130,6 +132,7 @@ class RedisWorker:
             self.settings.heartbeat_interval, ttl=self.settings.dead_after * 10,
         )
         self._next_reclaim = 0.0
+        self._hint = BatchHint()
 
     def _info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
@@ -188,7 +191,8 @@ class RedisWorker:
             if time.monotonic() >= self._next_reclaim:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
-            entries = collect_batch(self._source, self.policy, self.settings.idle_block)
+                self._share_with_peers()
+            entries = collect_batch(self._source, self.policy, self.settings.idle_block, hint=self._hint)
             if entries:
                 self._process(entries)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -196,6 +200,13 @@ class RedisWorker:
         except redis.RedisError as exc:
             # e.g. OOM under maxmemory or a failover's READONLY: transient, keep the worker alive.
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
+
+    def _share_with_peers(self) -> None:
+        """First reads take at most batch_size / live workers: a burst that arrives while several
+        workers wait is split between them, not taken whole by the first (collect_batch)."""
+        now_ms, workers = read_workers(self._redis, self.keys)
+        live = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
+        self._hint.share = -(-self.policy.batch_size // live)
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
@@ -215,7 +226,7 @@ class RedisWorker:
                 dead.append(DeadLetter(entry_id, fields, f"malformed: {exc}"))
                 if exc.token:
                     answers.append(Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead")))
-        ran = answer_batch(self._predict, requests, self.stats, observe=self.observe)
+        ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint)
         answers += [Answer(request.token, request.index, outcome) for request, outcome in ran]
         self._finish(answers, dead, [entry_id for entry_id, _ in entries])
 
