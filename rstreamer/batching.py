@@ -71,7 +71,7 @@ class BatchHint:
         self.seconds = max(seconds, self.seconds / 2)
 
     def linger(self, policy: BatchPolicy) -> float:
-        """Seconds an under-filled batch may wait for more (0 when the recent batches were no bigger)."""
+        """Seconds an under-filled batch may wait for more: ``linger`` x recent predict time, at most max_latency."""
         return min(policy.max_latency, policy.linger * self.seconds)
 
 
