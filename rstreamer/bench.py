@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
@@ -91,6 +92,7 @@ class Result:
     transport: str
     items_per_s: float | None = None
     ceiling: str = "direct"
+    ceiling_items_per_s: float | None = None
     ratio: float | None = None
     lone_p50_ms: float | None = None
     lone_p99_ms: float | None = None
@@ -446,34 +448,47 @@ def run_direct(predict: Predictor, model: ModelInfo, batch_size: int, seconds: f
     return done / (time.perf_counter() - started)
 
 
-def _direct_process(name: str, batch_size: int, seconds: float, ready: Any, start: Any, results: Any) -> None:
+def _direct_process(name: str, batch_size: int, ready: Any, commands: Any, start: Any, results: Any) -> None:
     model = MODELS[name]
     predict = load_predictor(model.ref, None, None, model.init_kwargs)
     predict([model.item(n) for n in range(batch_size)])
     ready.put(os.getpid())
-    start.wait()
-    results.put(run_direct(predict, model, batch_size, seconds))
+    while (seconds := commands.get()) is not None:
+        start.wait()
+        results.put(run_direct(predict, model, batch_size, seconds))
 
 
-def run_direct_processes(model: ModelInfo, batch_size: int, seconds: float, count: int = 2) -> float:
-    """Summed items/s of ``count`` processes calling the model directly at the same time."""
-    context = multiprocessing.get_context("spawn")
-    ready, start, results = context.Queue(), context.Event(), context.Queue()
-    processes = [
-        context.Process(target=_direct_process, args=(model.name, batch_size, seconds, ready, start, results),
-                        daemon=True)
-        for _ in range(count)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        # Model loads take unequal time; starting together makes the measured windows coincide.
-        for _ in processes:
+class DirectProcesses:
+    """``count`` processes that hold the model and, on each ``run``, call it directly on full
+    batches all at once: the ceiling of ``count`` workers. Kept alive between runs so that a
+    ceiling can be measured right next to each transport."""
+
+    def __init__(self, model: ModelInfo, batch_size: int, count: int = 2) -> None:
+        context = multiprocessing.get_context("spawn")
+        ready, self._commands, self._results = context.Queue(), context.Queue(), context.Queue()
+        # All start a run together, so that the measured windows coincide.
+        self._start = context.Barrier(count)
+        self._processes = [
+            context.Process(target=_direct_process, daemon=True,
+                            args=(model.name, batch_size, ready, self._commands, self._start, self._results))
+            for _ in range(count)
+        ]
+        for process in self._processes:
+            process.start()
+        for _ in self._processes:
             ready.get(timeout=300)
-        start.set()
-        return float(sum(results.get(timeout=seconds + 60) for _ in processes))
-    finally:
-        for process in processes:
+        self.run(0.5)  # a fresh process's first full batches run slow (allocator, page faults)
+
+    def run(self, seconds: float) -> float:
+        """Summed items/s of the processes over ``seconds``."""
+        for _ in self._processes:
+            self._commands.put(seconds)
+        return float(sum(self._results.get(timeout=seconds + 60) for _ in self._processes))
+
+    def close(self) -> None:
+        for _ in self._processes:
+            self._commands.put(None)
+        for process in self._processes:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
@@ -495,6 +510,10 @@ def _mean_batch(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return (after[1] - before[1]) / (after[0] - before[0])
 
 
+Ceilings = dict[str, Callable[[], float]]
+"""How to measure each ceiling now ("direct", "direct-x2"), in items/s."""
+
+
 def measure_direct(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Result:
     """The ceiling: the model on full batches in this process; its lone latency is the model's own time."""
     log(f"{model.name} · direct: batches of {args.batch_size} for {args.duration:g}s")
@@ -506,27 +525,39 @@ def measure_direct(model: ModelInfo, predict: Predictor, args: argparse.Namespac
     return result
 
 
-def measure_direct_processes(model: ModelInfo, args: argparse.Namespace) -> Result:
+def measure_direct_processes(model: ModelInfo, pool: DirectProcesses, args: argparse.Namespace) -> Result:
     """The ceiling of two workers: two processes calling the model directly at once."""
     log(f"{model.name} · direct-x2: two processes, batches of {args.batch_size} for {args.duration:g}s")
-    rate = run_direct_processes(model, args.batch_size, args.duration)
-    return Result(model.name, "direct-x2", rate, ceiling="direct-x2", mean_batch=float(args.batch_size))
+    return Result(model.name, "direct-x2", pool.run(args.duration), ceiling="direct-x2",
+                  mean_batch=float(args.batch_size))
 
 
-def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.Namespace) -> Result:
-    """Lone caller, then ``args.callers`` concurrent callers, then (for redis-2) the burst."""
+def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.Namespace,
+                   ceilings: Ceilings) -> Result:
+    """Lone caller, then ``args.repeat`` rounds of (its ceiling, ``args.callers`` concurrent
+    callers), then (for redis-2) the burst. Items/s, ceiling and ratio are medians of the rounds."""
     log(f"{model.name} · {name}: warming up")
     # Generous: the first calls may wait for a model to load (service-streamer has no readiness signal).
     warm = run_sequential(target, model, 300, SEQUENTIAL_WARMUP, timeout=120)
     lone = run_sequential(target, model, args.lone_seconds, args.lone_calls)
     log(f"{model.name} · {name}: lone caller p50 {_fmt(_ms(percentile(lone.latencies, 0.5)), 2)} ms; "
-        f"{args.callers} callers for {args.duration:g}s")
+        f"{args.repeat} x {args.callers} callers for {args.duration:g}s")
     # Streamer's counters arrive only when it stops; sequential calls are one-item batches.
     before = target.totals(target.sent) or (target.sent, target.sent)
-    load = run_concurrent(target, model, args.callers, args.duration)
+    load, rates, ratios, paired = Phase(), [], [], []
+    for _ in range(args.repeat):
+        ceiling = ceilings[target.ceiling]() if target.ceiling in ceilings else None
+        phase = run_concurrent(target, model, args.callers, args.duration)
+        _merge(load, phase)
+        rates.append(phase.rate)
+        if ceiling:
+            paired.append(ceiling)
+            ratios.append(phase.rate / ceiling)
     target.finish()
-    result = Result(model.name, name, load.rate, ceiling=target.ceiling, calls=load.completed,
-                    failed=warm.failed + lone.failed + load.failed)
+    result = Result(model.name, name, statistics.median(rates), ceiling=target.ceiling, calls=load.completed,
+                    failed=warm.failed + lone.failed + load.failed,
+                    ceiling_items_per_s=statistics.median(paired) if paired else None,
+                    ratio=statistics.median(ratios) if ratios else None)
     result.mean_batch = _mean_batch(before, target.totals(target.sent))
     _fill_latencies(result, lone, load)
     if load.errors:
@@ -535,6 +566,15 @@ def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.N
     if name.endswith("redis-2") and model.name == "noop" and args.burst_callers:
         _measure_burst(model, name, target, args, result)
     return result
+
+
+def _merge(total: Phase, phase: Phase) -> None:
+    total.latencies += phase.latencies
+    total.completed += phase.completed
+    total.failed += phase.failed
+    total.seconds += phase.seconds
+    for error, count in phase.errors.items():
+        total.errors[error] = total.errors.get(error, 0) + count
 
 
 def _measure_burst(model: ModelInfo, name: str, target: Target, args: argparse.Namespace, result: Result) -> None:
@@ -550,11 +590,11 @@ def _measure_burst(model: ModelInfo, name: str, target: Target, args: argparse.N
 
 
 def set_ratios(results: list[Result]) -> None:
-    """Each row's items/s over its ceiling's (direct, or direct-x2 for two workers) of the same model."""
+    """Ratios for the rows that have none from a paired ceiling: over the model's direct or direct-x2 row."""
     ceilings = {(r.model, r.transport): r.items_per_s for r in results if r.transport in ("direct", "direct-x2")}
     for result in results:
         ceiling = ceilings.get((result.model, result.ceiling))
-        if result.items_per_s is not None and ceiling:
+        if result.ratio is None and result.items_per_s is not None and ceiling:
             result.ratio = result.items_per_s / ceiling
 
 
@@ -563,23 +603,35 @@ def bench_model(model: ModelInfo, args: argparse.Namespace) -> list[Result]:
     log(f"{model.name}: loading the model in this process")
     predict = load_predictor(model.ref, None, None, model.init_kwargs)
     results = [measure_direct(model, predict, args)]
-    if model.name != "noop":  # a no-op's "two processes" ceiling says nothing about transports
-        results.append(measure_direct_processes(model, args))
-    families = [FAMILIES[name] for name in args.transports]
-    if args.compare:
-        families += [COMPARE_FAMILIES[name] for name in args.transports]
-    for family in families:
-        with contextlib.closing(family(model, predict, args)) as targets:
-            for name, target in targets:
-                results.append(measure_target(model, name, target, args))
+    ceilings: Ceilings = {}
+    with contextlib.ExitStack() as stack:
+        # A no-op's ceilings say nothing about transports: its rows are compared with one direct row.
+        if model.name != "noop":
+            log(f"{model.name}: starting two direct processes")
+            pool = DirectProcesses(model, args.batch_size)
+            stack.callback(pool.close)
+            results.append(measure_direct_processes(model, pool, args))
+            ceilings = {"direct": lambda: run_direct(predict, model, args.batch_size, args.duration),
+                        "direct-x2": lambda: pool.run(args.duration)}
+        for family in _families(args):
+            with contextlib.closing(family(model, predict, args)) as targets:
+                for name, target in targets:
+                    results.append(measure_target(model, name, target, args, ceilings))
     set_ratios(results)
     return results
 
 
+def _families(args: argparse.Namespace) -> list[Callable[..., Iterator[tuple[str, Target]]]]:
+    families = [FAMILIES[name] for name in args.transports]
+    if args.compare:
+        families += [COMPARE_FAMILIES[name] for name in args.transports]
+    return families
+
+
 # reporting ----------------------------------------------------------------------------------
 
-COLUMNS = ("model", "transport", "items/s", "vs ceiling", "lone p50", "lone p99", "load p50", "load p99",
-           "mean batch", "failed")
+COLUMNS = ("model", "transport", "items/s", "ceiling/s", "vs ceiling", "lone p50", "lone p99", "load p50",
+           "load p99", "mean batch", "failed")
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -593,7 +645,7 @@ def _ratio(value: float) -> str:
 def _row(result: Result) -> list[str]:
     ratio = "-" if result.ratio is None or result.transport == result.ceiling else \
         f"{_ratio(result.ratio)} of {result.ceiling}"
-    return [result.model, result.transport, _fmt(result.items_per_s), ratio,
+    return [result.model, result.transport, _fmt(result.items_per_s), _fmt(result.ceiling_items_per_s), ratio,
             _fmt(result.lone_p50_ms, 2), _fmt(result.lone_p99_ms, 2), _fmt(result.load_p50_ms, 1),
             _fmt(result.load_p99_ms, 1), _fmt(result.mean_batch, 1), str(result.failed)]
 
@@ -739,6 +791,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-latency", type=float, default=0.1)
     parser.add_argument("--callers", type=int, default=64, help="concurrent callers of the load phase")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds each load phase is measured")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of (ceiling, load) per transport; medians are reported")
     parser.add_argument("--lone-seconds", type=float, default=2.0, help="seconds of the lone-caller phase")
     parser.add_argument("--lone-calls", type=int, default=300, help="at most this many lone calls")
     parser.add_argument("--burst-callers", type=int, default=512, help="callers of the burst phase (0: none)")
