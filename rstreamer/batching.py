@@ -31,9 +31,11 @@ class BatchPolicy:
     first item arrived. With ``adaptive`` (the default) it also closes as soon as the source
     is momentarily empty: the model is idle at that point, so waiting only adds latency,
     while under load items pile up during the previous batch and batches fill by themselves.
-    Except just after load (see :class:`BatchHint`): while a batch is smaller than the recent
-    ones, it waits for more, at most ``linger`` times the recent predict time (and never
-    past ``max_latency``), so that the callers of the last batch, coming back, fill this one.
+    Except when several consumers share the source, just after load (see :class:`BatchHint`):
+    while a batch is under half the size of the recent ones, it waits for more, at most
+    ``linger`` times the recent predict time (and never past ``max_latency``), so that the
+    callers of the last batch, coming back, fill it instead of being split into small batches
+    by idle peers. A lone caller's batches stay batches of one, which never wait.
     ``adaptive=False`` always waits ``max_latency`` for a batch to fill (service-streamer).
     """
 
@@ -57,14 +59,20 @@ class BatchHint:
 
     ``size`` and ``seconds``: its recent batches' size and predict time; each is the last
     batch's, or half the previous hint when that is more, so a burst is remembered for a few
-    batches and a lone caller (batches of one) never waits. ``share``: most items to take in
-    the first read of a batch when several consumers wait on one source (0: no limit), so
-    that a burst is split between idle consumers instead of going whole to the first one.
+    batches. ``peers``: consumers of the source, this one included. With more than one, the
+    first read of a batch takes at most a fair share (batch_size / peers), so that a burst is
+    split between idle consumers instead of going whole to the first one, and an under-filled
+    batch lingers. With one, neither pays: the items that arrive while a batch runs make the
+    next batch and the model never idles.
     """
 
     size: int = 0
     seconds: float = 0.0
-    share: int = 0
+    peers: int = 1
+
+    def share(self, policy: BatchPolicy) -> int:
+        """Most items the first read of a batch takes."""
+        return -(-policy.batch_size // max(1, self.peers))
 
     def update(self, size: int, seconds: float) -> None:
         self.size = max(size, self.size // 2)
@@ -96,7 +104,7 @@ def collect_batch(
 
     ``hint`` is the consumer's BatchHint (see BatchPolicy); without one, adaptive never waits.
     """
-    asked = min(hint.share, policy.batch_size) if hint is not None and hint.share else policy.batch_size
+    asked = hint.share(policy) if hint is not None else policy.batch_size
     batch = list(source.fetch(asked, first_wait))
     if not batch:
         return batch
@@ -110,11 +118,13 @@ def collect_batch(
         elif len(batch) >= asked:
             # The first read stopped at a fair share: take, without waiting, what no idle peer took.
             remaining = 0.0
-        elif hint is None or len(batch) >= hint.size:
+        elif hint is None or hint.peers < 2 or 2 * len(batch) >= hint.size:
             # fetch returned all there was, so the source is empty and the model idle.
             return batch
         else:
-            # ...but this batch is smaller than the recent ones: their callers are coming back.
+            # ...but this batch is under half the recent ones: their callers are coming back.
+            # (Not waiting for all of them: the ones that come later make the next batch
+            # while this one runs, so the model never idles for a whole round trip.)
             remaining = hint.linger(policy) - (clock() - started)
             if remaining < MIN_LINGER:
                 break

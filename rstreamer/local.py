@@ -57,9 +57,13 @@ def serve_queue(
     predict: Predictor,
     deliver: Callable[[list[tuple[LocalItem, Outcome[Any]]]], None],
     stats: BatchStats,
+    peers: int = 1,
 ) -> None:
-    """Answer batches from ``source`` until a None item (the stop signal) arrives."""
-    hint = BatchHint()
+    """Answer batches from ``source`` until a None item (the stop signal) arrives.
+
+    ``peers``: how many consumers (this one included) serve the same source.
+    """
+    hint = BatchHint(peers=peers)
     while True:
         batch = collect_batch(source, policy, _IDLE_WAIT, hint=hint)
         items = [item for item in batch if item is not None]
@@ -145,7 +149,7 @@ class ThreadedStreamer(_LocalStreamer):
 
 def _process_worker_main(
     model: ModelSpec, gpu_id: int | None, init_args: Any, init_kwargs: Any,
-    policy: BatchPolicy, inbox: Any, outbox: Any, slot: int,
+    policy: BatchPolicy, inbox: Any, outbox: Any, slot: int, peers: int = 1,
 ) -> None:
     pin_process_to(gpu_id)
     try:
@@ -160,7 +164,7 @@ def _process_worker_main(
         outbox.put(("results", slot, [(item.task, item.index, outcome) for item, outcome in results]))
 
     stats = BatchStats()
-    serve_queue(QueueSource(inbox), policy, predict, deliver, stats)
+    serve_queue(QueueSource(inbox), policy, predict, deliver, stats, peers)
     outbox.put(("stats", slot, stats))
 
 
@@ -206,7 +210,8 @@ class Streamer(_LocalStreamer):
         for slot, gpu in enumerate(round_robin(worker_num, cuda_devices)):
             process = context.Process(
                 target=_process_worker_main,
-                args=(model, gpu, model_init_args, model_init_kwargs, self.policy, self._inbox, self._outbox, slot),
+                args=(model, gpu, model_init_args, model_init_kwargs, self.policy, self._inbox, self._outbox, slot,
+                      worker_num),
                 name=f"rstreamer-worker-{slot}", daemon=True,
             )
             with child_environment(gpu):

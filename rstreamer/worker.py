@@ -191,7 +191,7 @@ class RedisWorker:
             if time.monotonic() >= self._next_reclaim:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
-                self._share_with_peers()
+                self._count_peers()
             entries = collect_batch(self._source, self.policy, self.settings.idle_block, hint=self._hint)
             if entries:
                 self._process(entries)
@@ -201,12 +201,11 @@ class RedisWorker:
             # e.g. OOM under maxmemory or a failover's READONLY: transient, keep the worker alive.
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
 
-    def _share_with_peers(self) -> None:
-        """First reads take at most batch_size / live workers: a burst that arrives while several
-        workers wait is split between them, not taken whole by the first (collect_batch)."""
+    def _count_peers(self) -> None:
+        """Count the live workers of the prefix: with peers, a burst is split between the idle
+        ones and an under-filled batch lingers (see BatchHint)."""
         now_ms, workers = read_workers(self._redis, self.keys)
-        live = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
-        self._hint.share = -(-self.policy.batch_size // live)
+        self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
