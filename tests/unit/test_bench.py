@@ -114,3 +114,13 @@ def test_transformer_model_is_deterministic_and_offline():
     outputs = first.predict(batch)
     assert len(outputs) == 3 and outputs[0].shape == (256,)
     assert all((a == b).all() for a, b in zip(outputs, second.predict(batch)))
+
+
+def test_rate_counts_whole_batch_cycles_not_where_the_window_cuts_them():
+    # Batches of 64 answered every 0.17 s; a 5 s window sees 29 bursts whatever its phase.
+    ends = [0.05 + 0.17 * k + 0.0001 * i for k in range(29) for i in range(64)]
+    phase = bench.Phase(completed=len(ends), seconds=5.0, ends=ends)
+    assert phase.rate == pytest.approx(64 / 0.17, rel=0.01)
+    assert bench.Phase(completed=10, seconds=5.0).rate == 2.0
+    steady = [0.0001 * i for i in range(50_000)]  # no bursts: 10,000 items/s
+    assert bench.Phase(completed=len(steady), seconds=5.0, ends=steady).rate == pytest.approx(10_000, rel=0.01)
