@@ -88,7 +88,7 @@ class LazyPredict:
 
 @dataclass
 class Result:
-    """One (model, transport) row of the table."""
+    """One (model, transport) row of the table; ``rounds``: (ceiling, items/s) of each round."""
 
     model: str
     transport: str
@@ -106,6 +106,7 @@ class Result:
     burst_callers: int = 0
     burst_calls: int = 0
     burst_failed: int = 0
+    rounds: list[tuple[float | None, float]] = field(default_factory=list)
     note: str = ""
 
 
@@ -557,11 +558,13 @@ def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.N
     # Streamer's counters arrive only when it stops; sequential calls are one-item batches.
     before = target.totals(target.sent) or (target.sent, target.sent)
     load, rates, ratios, paired = Phase(), [], [], []
+    rounds: list[tuple[float | None, float]] = []
     for _ in range(args.repeat):
         ceiling = ceilings[target.ceiling]() if target.ceiling in ceilings else None
         phase = run_concurrent(target, model, args.callers, args.duration)
         _merge(load, phase)
         rates.append(phase.rate)
+        rounds.append((ceiling, phase.rate))
         if ceiling:
             paired.append(ceiling)
             ratios.append(phase.rate / ceiling)
@@ -569,7 +572,7 @@ def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.N
     result = Result(model.name, name, statistics.median(rates), ceiling=target.ceiling, calls=load.completed,
                     failed=warm.failed + lone.failed + load.failed,
                     ceiling_items_per_s=statistics.median(paired) if paired else None,
-                    ratio=statistics.median(ratios) if ratios else None)
+                    ratio=statistics.median(ratios) if ratios else None, rounds=rounds)
     result.mean_batch = _mean_batch(before, target.totals(target.sent))
     _fill_latencies(result, lone, load)
     if load.errors:
@@ -753,7 +756,7 @@ def plot(results: Sequence[Result], path: Path) -> None:
         throughput.set_title(f"{model}: items/s (64 callers; direct = batched call)")
         throughput.invert_yaxis()
         for i, r in enumerate(rows):
-            if r.ratio is not None and r.transport != r.ceiling:
+            if r.ratio is not None and r.ratio >= 0.01 and r.transport != r.ceiling:
                 throughput.text(r.items_per_s or 0, i, f" {r.ratio:.2f}", va="center", fontsize=8)
         latency = axes[row][1]
         positions = range(len(rows))
