@@ -421,7 +421,8 @@ def run_sequential(target: Target, model: ModelInfo, seconds: float, max_calls: 
     return phase
 
 
-def run_concurrent(target: Target, model: ModelInfo, callers: int, seconds: float, timeout: float = 20.0) -> Phase:
+def run_concurrent(target: Target, model: ModelInfo, callers: int, seconds: float, timeout: float = 20.0,
+                   pad: float = LOAD_PAD) -> Phase:
     """``callers`` threads calling one item at a time; counts calls that end in the measured window."""
     phase = Phase(seconds=seconds)
     stop = threading.Event()
@@ -441,7 +442,7 @@ def run_concurrent(target: Target, model: ModelInfo, callers: int, seconds: floa
     threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(callers)]
     for thread in threads:
         thread.start()
-    time.sleep(LOAD_PAD)
+    time.sleep(pad)
     window[:] = [time.perf_counter(), time.perf_counter() + seconds]
     time.sleep(seconds)
     stop.set()
@@ -561,7 +562,7 @@ def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.N
     rounds: list[tuple[float | None, float]] = []
     for _ in range(args.repeat):
         ceiling = ceilings[target.ceiling]() if target.ceiling in ceilings else None
-        phase = run_concurrent(target, model, args.callers, args.duration)
+        phase = run_concurrent(target, model, args.callers, args.duration, pad=_pad(args))
         _merge(load, phase)
         rates.append(phase.rate)
         rounds.append((ceiling, phase.rate))
@@ -583,6 +584,10 @@ def measure_target(model: ModelInfo, name: str, target: Target, args: argparse.N
     return result
 
 
+def _pad(args: argparse.Namespace) -> float:
+    return LOAD_PAD / 2 if args.quick else LOAD_PAD
+
+
 def _merge(total: Phase, phase: Phase) -> None:
     total.latencies += phase.latencies
     total.completed += phase.completed
@@ -594,7 +599,7 @@ def _merge(total: Phase, phase: Phase) -> None:
 
 def _measure_burst(model: ModelInfo, name: str, target: Target, args: argparse.Namespace, result: Result) -> None:
     log(f"{model.name} · {name}: {args.burst_callers} concurrent callers for {args.burst_seconds:g}s")
-    burst = run_concurrent(target, model, args.burst_callers, args.burst_seconds)
+    burst = run_concurrent(target, model, args.burst_callers, args.burst_seconds, pad=_pad(args))
     result.burst_callers = args.burst_callers
     result.burst_calls = burst.completed + burst.failed
     result.burst_failed = burst.failed
@@ -626,8 +631,9 @@ def bench_model(model: ModelInfo, args: argparse.Namespace) -> list[Result]:
             pool = DirectProcesses(model, args.batch_size)
             stack.callback(pool.close)
             results.append(measure_direct_processes(model, pool, args))
-            ceilings = {"direct": lambda: run_direct(predict, model, args.batch_size, args.duration),
-                        "direct-x2": lambda: pool.run(args.duration)}
+            if not args.quick:  # quick: each row against the one direct and direct-x2 row
+                ceilings = {"direct": lambda: run_direct(predict, model, args.batch_size, args.duration),
+                            "direct-x2": lambda: pool.run(args.duration)}
         for family in _families(args):
             with contextlib.closing(family(model, predict, args)) as targets:
                 for name, target in targets:
@@ -812,11 +818,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lone-calls", type=int, default=300, help="at most this many lone calls")
     parser.add_argument("--burst-callers", type=int, default=512, help="callers of the burst phase (0: none)")
     parser.add_argument("--burst-seconds", type=float, default=3.0)
-    parser.add_argument("--quick", action="store_true", help="short phases (about 30 s without --compare)")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 s phases, no paired ceilings: a smoke run (about 40 s without --compare)")
     parser.add_argument("--output", default="bench-output", help="folder for bench.json and bench.png")
     args = parser.parse_args(argv)
     if args.quick:
-        args.duration, args.lone_seconds, args.lone_calls, args.burst_seconds = 1.0, 0.5, 100, 1.0
+        args.duration, args.lone_seconds, args.lone_calls, args.burst_seconds = 1.0, 0.3, 50, 1.0
     args.models = _names(parser, args.models, MODELS)
     args.transports = _names(parser, args.transports, FAMILIES)
     return args
