@@ -218,7 +218,7 @@ class Coalescer:
     def _park_until_sent(self, future: RedisFuture) -> None:
         until = future._deadline_mono if future.patient else None
         while True:
-            acquired = future.wake.acquire(timeout=_seconds_until(until)) if until is not None else future.wake.acquire()
+            acquired = future.wake.acquire(timeout=-1 if until is None else _seconds_until(until))  # -1: no limit
             with self._lock:
                 if future.state == "awake":
                     if not acquired:
