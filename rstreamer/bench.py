@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .metrics import percentile
 from .model import Predictor, load_predictor
 
 LOAD_PAD = 0.5  # seconds of load before the measured window opens (queues fill, caches warm)
@@ -132,14 +133,6 @@ class Phase:
         if first < len(ends) and ends[-1] - ends[first - 1] > self.seconds / 2:
             return (len(ends) - first) / (ends[-1] - ends[first - 1])
         return self.completed / self.seconds if self.seconds else 0.0
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..1); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
 
 
 def _ms(value: float | None) -> float | None:

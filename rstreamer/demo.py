@@ -30,6 +30,7 @@ from typing import IO, Any
 
 import redis
 
+from . import metrics
 from .embedded import EmbeddedRedis, free_port
 from .keys import Keys
 from .liveness import live_workers, read_workers
@@ -266,8 +267,8 @@ def check_meaning(samples: list[Sample]) -> tuple[int, int, int]:
 
 
 def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    value = metrics.percentile(values, q)
+    return float("nan") if value is None else value
 
 
 def batch_series(points: list[tuple[float, int, int]]) -> list[tuple[float, float]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
@@ -154,3 +154,11 @@ def client_metrics() -> ClientMetrics:
 def instrumented_predict(streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:
     """``streamer.predict(batch, timeout)`` recorded in :func:`client_metrics`."""
     return client_metrics().predict(streamer, batch, timeout)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..1) of raw samples; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]

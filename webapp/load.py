@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from rstreamer.metrics import percentile
+
 SENTENCES = (
     "Happy birthday to you.",
     "A man is playing a guitar.",
@@ -61,8 +63,8 @@ async def run_load(url: str, texts: list[str], requests: int, concurrency: int,
 
 
 def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
+    value = percentile(values, q)
+    return float("nan") if value is None else value * 1000
 
 
 def main(argv: list[str] | None = None) -> int:
