@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .embedded import redis_url_or_embedded
 from .metrics import percentile
 from .model import Predictor, load_predictor
 
@@ -139,6 +140,10 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1000
 
 
+def _announce_redis(url: str) -> None:
+    log(f"embedded Redis at {url}")
+
+
 def log(message: str) -> None:
     """A progress line on stderr."""
     print(f"[bench {time.monotonic() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)
@@ -191,19 +196,6 @@ def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespac
         streamer.close()
 
 
-@contextlib.contextmanager
-def _redis_url() -> Iterator[str]:
-    url = os.environ.get("RSTREAMER_REDIS_URL")
-    if url:
-        yield url
-        return
-    from .embedded import EmbeddedRedis
-
-    with EmbeddedRedis() as server:
-        log(f"embedded Redis at {server.url}")
-        yield server.url
-
-
 def _heartbeat_totals(streamer: Any, sent: int, timeout: float = 5.0) -> tuple[int, int]:
     """(batches, items) of the prefix's workers, once their heartbeats count ``sent`` items."""
     from .liveness import read_workers
@@ -248,7 +240,8 @@ def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) 
     from .client import RedisStreamer
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    with _redis_url() as url, RedisStreamer(url, prefix) as streamer, contextlib.ExitStack() as workers:
+    with (redis_url_or_embedded(_announce_redis) as url, RedisStreamer(url, prefix) as streamer,
+          contextlib.ExitStack() as workers):
         for count in (1, 2):
             workers.enter_context(_supervised(url, prefix, model, args))
             _wait_workers(streamer, count)
@@ -359,7 +352,7 @@ def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) ->
     # The original's queue and channel names are global to a Redis server; a fresh prefix keeps runs apart.
     prefix = f"bench-ss-{uuid.uuid4().hex[:8]}"
     processes: list[subprocess.Popen[bytes]] = []
-    with _redis_url() as url:
+    with redis_url_or_embedded(_announce_redis) as url:
         broker = urllib.parse.urlsplit(url)
         streamer = service_streamer.RedisStreamer(f"{broker.hostname}:{broker.port or 6379}", prefix)
         try:

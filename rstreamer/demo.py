@@ -31,7 +31,7 @@ from typing import IO, Any
 import redis
 
 from . import metrics
-from .embedded import EmbeddedRedis, free_port
+from .embedded import free_port, redis_url_or_embedded
 from .keys import Keys
 from .liveness import live_workers, read_workers
 from .settings import WorkerSettings
@@ -120,17 +120,6 @@ def _source_root() -> Path:
     if spec is None or spec.origin is None:
         raise SystemExit("rstreamer demo: the webapp package is not installed (pip install -e .[all])")
     return Path(spec.origin).parent.parent
-
-
-@contextlib.contextmanager
-def redis_for_demo() -> Iterator[str]:
-    url = os.environ.get("RSTREAMER_REDIS_URL")
-    if url:
-        yield url
-        return
-    with EmbeddedRedis() as server:
-        print(f"started an embedded Redis at {server.url}")
-        yield server.url
 
 
 def worker_command(args: argparse.Namespace) -> list[str]:
@@ -365,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     base_url = f"http://127.0.0.1:{port}"
     args.output.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(redis_for_demo())
+        url = stack.enter_context(redis_url_or_embedded(lambda url: print(f"started an embedded Redis at {url}")))
         client = redis.Redis.from_url(url)
         stack.callback(client.close)
         stack.callback(_forget_prefix, client, keys)

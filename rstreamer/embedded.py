@@ -8,7 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
@@ -94,11 +94,16 @@ class EmbeddedRedis:
 
 
 @contextlib.contextmanager
-def redis_url_or_embedded(env_var: str = "RSTREAMER_REDIS_URL") -> Iterator[str]:
-    """The URL in ``env_var`` if set, else that of an embedded Redis stopped on exit."""
+def redis_url_or_embedded(
+    announce: Callable[[str], None] | None = None, env_var: str = "RSTREAMER_REDIS_URL"
+) -> Iterator[str]:
+    """The URL in ``env_var`` if set, else that of an embedded Redis stopped on exit
+    (``announce`` is told its URL)."""
     url = os.environ.get(env_var)
     if url:
         yield url
         return
     with EmbeddedRedis() as server:
+        if announce is not None:
+            announce(server.url)
         yield server.url
