@@ -95,11 +95,13 @@ class CallFactory:
             "args": [self.settings.max_queue, self.keys.group, call.token, int(call.deadline * 1000), *call.payloads],
         }
 
+    def overloaded(self) -> Overloaded:
+        """The error of a call refused because the queue is full."""
+        return Overloaded(f"queue of prefix {self.keys.prefix!r} is full ({self.settings.max_queue} items waiting)")
+
     def check_enqueued(self, added: int) -> None:
         if added == -1:
-            raise Overloaded(
-                f"queue of prefix {self.keys.prefix!r} is full ({self.settings.max_queue} items waiting)"
-            )
+            raise self.overloaded()
 
 
 class RedisStreamer(BaseStreamer):
@@ -257,7 +259,7 @@ class Coalescer:
             error, group, accepted = exc, None, 0
         refused = taken[accepted:]
         if refused and error is None:
-            error = self._overloaded()
+            error = self._calls.overloaded()
         with self._lock:
             self._settle(taken[0], taken[:accepted], group, None)
             self._settle(taken[0], refused, None, error)
@@ -280,13 +282,6 @@ class Coalescer:
         with broker_errors(self._url):
             accepted = int(self._script(keys=[keys.requests], args=args))
         return ReplyGroup(first.reply_key, taken[:accepted]), accepted
-
-    def _overloaded(self) -> BaseException:
-        try:
-            self._calls.check_enqueued(-1)
-        except Overloaded as exc:
-            return exc
-        raise AssertionError("check_enqueued(-1) must raise")
 
     def _settle(self, leader: RedisFuture, futures: list[RedisFuture], group: ReplyGroup | None,
                 error: BaseException | None) -> None:
