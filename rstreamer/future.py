@@ -19,14 +19,17 @@ class BaseFuture:
         self.deadline = time.time() + timeout
         self._deadline_mono = time.monotonic() + timeout
         self._outcomes: dict[int, Outcome[Any]] = {}
-        self._complete = threading.Condition()
+        self._lock = threading.Lock()
 
     def _deliver(self, index: int, outcome: Outcome[Any]) -> None:
-        with self._complete:
+        with self._lock:
             if 0 <= index < self.size and index not in self._outcomes:
                 self._outcomes[index] = outcome
                 if len(self._outcomes) == self.size:
-                    self._complete.notify_all()
+                    self._on_complete()
+
+    def _on_complete(self) -> None:
+        """Called, under the lock, when the last answer arrives."""
 
     def _deliver_all(self, results: Iterable[tuple[int, Outcome[Any]]]) -> None:
         for index, outcome in results:
@@ -67,9 +70,18 @@ class BaseFuture:
 class Future(BaseFuture):
     """Outputs of one ``submit(batch)`` call, in the order of the batch."""
 
+    # Made by the first wait: RedisFuture overrides the wait and never needs one.
+    _complete: threading.Condition | None = None
+
+    def _on_complete(self) -> None:
+        if self._complete is not None:
+            self._complete.notify_all()
+
     def _wait_until(self, until: float) -> bool:
         """Wait until every item is answered or the monotonic time ``until``."""
-        with self._complete:
+        with self._lock:
+            if self._complete is None:
+                self._complete = threading.Condition(self._lock)
             return self._complete.wait_for(self.done, max(0.0, until - time.monotonic()))
 
     def _expired(self) -> None:
