@@ -346,11 +346,11 @@ def status_main(argv: list[str]) -> int:
 # rstreamer -------------------------------------------------------------------------------
 
 def bench_main(argv: list[str]) -> int:
-    """``rstreamer bench``: ``rstreamer.bench:main``, imported only when asked for."""
+    """``rstreamer bench``: ``rstreamer.tools.bench:main``, imported only when asked for."""
     try:
-        module = importlib.import_module("rstreamer.bench")
+        module = importlib.import_module("rstreamer.tools.bench")
     except ImportError as exc:
-        missing = "this installation has no rstreamer.bench module" if exc.name == "rstreamer.bench" else str(exc)
+        missing = "this installation has no rstreamer.tools.bench module" if exc.name == "rstreamer.tools.bench" else str(exc)
         print(f"rstreamer bench: not available: {missing}", file=sys.stderr)
         return 2
     return int(module.main(argv) or 0)
@@ -376,12 +376,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _chaos_main(argv: list[str]) -> int:
-    from .chaos import main as chaos_main
+    from .tools.chaos import main as chaos_main
 
     return chaos_main(argv)
 
 
 def _demo_main(argv: list[str]) -> int:
-    from .demo import main as demo_main
+    from .tools.demo import main as demo_main
 
     return demo_main(argv)

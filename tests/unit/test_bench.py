@@ -9,8 +9,8 @@ from argparse import Namespace
 
 import pytest
 
-from rstreamer import bench
-from rstreamer.bench import MODELS, Result, Target
+from rstreamer.tools import bench
+from rstreamer.tools.bench import MODELS, Result, Target
 from rstreamer.local import ThreadedStreamer
 from workers.echo import echo_predict
 

@@ -133,11 +133,11 @@ def test_rstreamer_dispatch(capsys, monkeypatch):
             calls.append(argv)
             return 0
 
-    monkeypatch.setitem(sys.modules, "rstreamer.bench", FakeBench)
+    monkeypatch.setitem(sys.modules, "rstreamer.tools.bench", FakeBench)
     assert cli.bench_main(["--x"]) == 0 and calls == [["--x"]]
 
 
 def test_bench_missing_is_a_clear_error(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "rstreamer.bench", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "rstreamer.tools.bench", None)  # import raises ImportError
     assert cli.bench_main([]) == 2
     assert "rstreamer bench: not available" in capsys.readouterr().err

@@ -30,11 +30,11 @@ from typing import IO, Any
 
 import redis
 
-from . import metrics
-from .embedded import free_port, redis_url_or_embedded
-from .keys import Keys
-from .liveness import live_workers, read_workers
-from .settings import WorkerSettings
+from .. import metrics
+from ..embedded import free_port, redis_url_or_embedded
+from ..keys import Keys
+from ..liveness import live_workers, read_workers
+from ..settings import WorkerSettings
 
 MODEL = "workers.embedding:EmbeddingModel"
 STARTUP_TIMEOUT = 90.0

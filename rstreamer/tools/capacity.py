@@ -1,6 +1,6 @@
 """How many items per second one Redis core carries for rstreamer (docs/deploy.md, "Capacity").
 
-    python deploy/capacity.py --workers 2 --clients 4 --threads 16 --items-per-call 1 --seconds 20
+    python -m rstreamer.tools.capacity --workers 2 --clients 4 --threads 16 --items-per-call 1 --seconds 20
 
 Starts a private redis-server, echo workers and client processes that call ``predict`` back to
 back, then reports the items answered per second and, from Redis's own ``INFO cpu`` (main
@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 
-from rstreamer import RedisStreamer, RedisWorker
-from rstreamer.embedded import EmbeddedRedis
-from rstreamer.settings import WorkerSettings
+from .. import RedisStreamer, RedisWorker
+from ..embedded import EmbeddedRedis
+from ..settings import WorkerSettings
 
 
 def echo(batch: list[Any]) -> list[Any]:

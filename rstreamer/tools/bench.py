@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .embedded import redis_url_or_embedded
-from .metrics import percentile
-from .model import Predictor, load_predictor
+from ..embedded import redis_url_or_embedded
+from ..metrics import percentile
+from ..model import Predictor, load_predictor
 
 LOAD_PAD = 0.5  # seconds of load before the measured window opens (queues fill, caches warm)
 # Calls that end less than BURST_GAP apart, within BURST_MAX of the first, were answered by one batch.
@@ -300,7 +300,7 @@ class OriginalTransformer(_OriginalWorkerModel):
     model = "transformer"
 
 
-ORIGINAL_MODELS = {"noop": "rstreamer.bench:OriginalEcho", "transformer": "rstreamer.bench:OriginalTransformer"}
+ORIGINAL_MODELS = {"noop": "rstreamer.tools.bench:OriginalEcho", "transformer": "rstreamer.tools.bench:OriginalTransformer"}
 
 
 def _ss_worker_process(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> subprocess.Popen[bytes]:

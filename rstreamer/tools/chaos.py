@@ -1,7 +1,7 @@
 """`rstreamer chaos`: load one prefix for N minutes while SIGKILLing random workers.
 
 Prints sent / answered / wrong / lost. Not part of the test suite: run it by hand
-(``python -m rstreamer.chaos --minutes 5``) and record the totals.
+(``python -m rstreamer.tools.chaos --minutes 5``) and record the totals.
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from .client import RedisStreamer
-from .embedded import redis_url_or_embedded
-from .liveness import wait_for_live_workers
-from .model import ManagedModel
-from .settings import WorkerSettings
-from .supervisor import Supervisor, WorkerSpec
+from ..client import RedisStreamer
+from ..embedded import redis_url_or_embedded
+from ..liveness import wait_for_live_workers
+from ..model import ManagedModel
+from ..settings import WorkerSettings
+from ..supervisor import Supervisor, WorkerSpec
 
 
 class ChaosModel(ManagedModel):
