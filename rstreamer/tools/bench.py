@@ -169,14 +169,14 @@ class Target:
 
 
 def _ours_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
-    from .local import ThreadedStreamer
+    from ..local import ThreadedStreamer
 
     with ThreadedStreamer(predict, args.batch_size, args.max_latency) as streamer:
         yield "threaded", Target(streamer.predict, lambda sent: (streamer.stats.batches, streamer.stats.items))
 
 
 def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
-    from .local import Streamer
+    from ..local import Streamer
 
     streamer = Streamer(model.ref, args.batch_size, args.max_latency, worker_num=1,
                         model_init_kwargs=model.init_kwargs, wait_for_worker_ready=True)
@@ -198,7 +198,7 @@ def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespac
 
 def _heartbeat_totals(streamer: Any, sent: int, timeout: float = 5.0) -> tuple[int, int]:
     """(batches, items) of the prefix's workers, once their heartbeats count ``sent`` items."""
-    from .liveness import read_workers
+    from ..liveness import read_workers
 
     deadline = time.monotonic() + timeout
     while True:
@@ -210,7 +210,7 @@ def _heartbeat_totals(streamer: Any, sent: int, timeout: float = 5.0) -> tuple[i
 
 
 def _wait_workers(streamer: Any, count: int, timeout: float = 120.0) -> None:
-    from .liveness import read_workers
+    from ..liveness import read_workers
 
     deadline = time.monotonic() + timeout
     while len(read_workers(streamer.redis, streamer.keys)[1]) < count:
@@ -222,7 +222,7 @@ def _wait_workers(streamer: Any, count: int, timeout: float = 120.0) -> None:
 @contextlib.contextmanager
 def _supervised(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> Iterator[None]:
     """One supervised worker process in a thread of this process (as `rstreamer demo` runs them)."""
-    from .supervisor import Supervisor, WorkerSpec
+    from ..supervisor import Supervisor, WorkerSpec
 
     spec = WorkerSpec(model.ref, args.batch_size, args.max_latency, url, prefix,
                       init_kwargs=model.init_kwargs, log_level="WARNING")
@@ -237,7 +237,7 @@ def _supervised(url: str, prefix: str, model: ModelInfo, args: argparse.Namespac
 
 
 def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
-    from .client import RedisStreamer
+    from ..client import RedisStreamer
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     with (redis_url_or_embedded(_announce_redis) as url, RedisStreamer(url, prefix) as streamer,
