@@ -1,40 +1,38 @@
 """AsyncRedisStreamer: the web side of the Redis transport for asyncio apps (Starlette, FastAPI, aiohttp).
 
 It speaks the same wire format as :class:`~rstreamer.client.RedisStreamer` through the same
-:class:`~rstreamer.client.CallFactory`; only the waiting is asynchronous, so the event loop
-stays free while the workers run the model.
+:class:`~rstreamer.calls.CallFactory`; only the waiting is asynchronous, so the event loop
+stays free while the workers run the model. Each call's BLPOPs run in a task of their own: a
+caller that is cancelled or gives up at its deadline never cancels a BLPOP, so no popped reply
+is lost, and the caller returns in time whatever Redis does.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Generator, Iterator
+import time
+from collections.abc import Generator
 from types import TracebackType
 from typing import Any
 
 import redis
-import redis.asyncio
 
 from . import lua
-from .client import BLPOP_SLICE, Call, CallFactory, blpop_block
-from .connection import broker_errors, create_async_redis
-from .errors import Overloaded
+from .calls import (
+    CLIENT_RETRIES,
+    MAX_CONNECTIONS,
+    SOCKET_TIMEOUT,
+    Call,
+    CallFactory,
+    blpop_block,
+    call_errors,
+    retry_pause,
+)
+from .connection import create_async_redis
+from .errors import BrokerUnavailable, DecodeError
 from .future import BaseFuture
-from .messages import unpack_results
+from .replies import decode_reply, undecodable
 from .settings import ClientSettings
-
-#: Connections per streamer: each call in flight holds one while it waits for its reply.
-MAX_CONNECTIONS = 1000
-
-
-@contextlib.contextmanager
-def redis_errors(url: str) -> Iterator[None]:
-    """broker_errors, except that a full connection pool means too many calls in flight: Overloaded."""
-    with broker_errors(url):
-        try:
-            yield
-        except redis.MaxConnectionsError as exc:
-            raise Overloaded(f"too many calls in flight in this process: {exc}") from exc
 
 
 class AsyncRedisStreamer:
@@ -58,8 +56,10 @@ class AsyncRedisStreamer:
     ) -> None:
         self.calls = CallFactory(redis_broker, prefix, timeout, max_queue, settings)
         self.settings, self.url, self.keys = self.calls.settings, self.calls.url, self.calls.keys
-        self.redis = create_async_redis(self.url, socket_timeout=BLPOP_SLICE + 3.0, max_connections=max_connections)
-        self._enqueue = self.redis.register_script(lua.ENQUEUE)
+        self.redis = create_async_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
+                                        max_connections=max_connections)
+        self._enqueue_script = self.redis.register_script(lua.ENQUEUE)
+        self._poppers: set[asyncio.Task[None]] = set()
 
     async def submit(self, batch: list[Any], timeout: float | None = None) -> AsyncFuture:
         """Queue ``batch`` and return an AsyncFuture; ``await`` it for the outputs.
@@ -67,15 +67,58 @@ class AsyncRedisStreamer:
         Raises Overloaded when the queue is full and BrokerUnavailable when Redis is away.
         """
         call = self.calls.new_call(list(batch), timeout)
-        future = AsyncFuture(self.redis, call, self.url)
+        future = AsyncFuture(call)
         if call.payloads:
-            with redis_errors(self.url):
-                # Cheap once done. A cold redis.asyncio RedisCluster given many concurrent first
-                # commands closes connections still in use ('NoneType' has no 'writelines',
-                # redis-py 8.1); initializing first, under its own lock, avoids that.
-                await self.redis.initialize()
-                self.calls.check_enqueued(await self._enqueue(**self.calls.enqueue_args(call)))
+            enqueue = asyncio.ensure_future(self._enqueue(call))
+            enqueue.add_done_callback(_retrieve)
+            done, _ = await asyncio.wait({enqueue}, timeout=max(0.0, call.expires_at - time.monotonic()))
+            if not done:  # Redis did not answer before the deadline: the future times out
+                return future
+            enqueue.result()
+            popper = asyncio.create_task(self._pop_replies(future))
+            self._poppers.add(popper)
+            popper.add_done_callback(self._poppers.discard)
         return future
+
+    async def _enqueue(self, call: Call) -> None:
+        # Not retried: a retry after a read timeout would enqueue the items twice.
+        with call_errors(self.url):
+            # Cheap once done. A cold redis.asyncio RedisCluster given many concurrent first
+            # commands closes connections still in use ('NoneType' has no 'writelines',
+            # redis-py 8.1); initializing first, under its own lock, avoids that.
+            await self.redis.initialize()
+            self.calls.check_enqueued(await self._enqueue_script(**self.calls.enqueue_args(call)))
+
+    async def _pop_replies(self, future: AsyncFuture) -> None:
+        """Pop the call's reply key until it is answered or past its deadline."""
+        failures, call = 0, future.call
+        while not future.settled() and (block := blpop_block(call.expires_at)) is not None:
+            try:
+                with call_errors(self.url):
+                    popped = await self.redis.blpop([call.reply_key], timeout=block)
+            except BrokerUnavailable as exc:  # retried within the deadline, then the call fails
+                failures += 1
+                pause = retry_pause(failures, call.expires_at)
+                if pause is None:
+                    future.fail(exc)
+                    break
+                await asyncio.sleep(pause)
+                continue
+            except Exception as exc:
+                future.fail(exc)
+                break
+            failures = 0
+            if popped:
+                future.deliver_reply(popped[1])
+        if not future.done():
+            await self._delete(call.reply_key)
+
+    async def _delete(self, reply_key: str) -> None:
+        # A late answer re-creates the key with a TTL; deleting now frees what came so far.
+        try:
+            await self.redis.delete(reply_key)
+        except redis.RedisError:
+            pass
 
     async def predict(self, batch: list[Any], timeout: float | None = None) -> list[Any]:
         """Return one output per item of ``batch``, in order."""
@@ -83,7 +126,10 @@ class AsyncRedisStreamer:
         return await future.result()
 
     async def aclose(self) -> None:
-        """Close the streamer's Redis connections."""
+        """Stop waiting for answers and close the streamer's Redis connections."""
+        for popper in list(self._poppers):
+            popper.cancel()
+        await asyncio.gather(*self._poppers, return_exceptions=True)
         await self.redis.aclose()
 
     async def __aenter__(self) -> AsyncRedisStreamer:
@@ -98,13 +144,20 @@ class AsyncRedisStreamer:
 class AsyncFuture(BaseFuture):
     """Outputs of one ``submit``: ``await future`` or ``await future.result(timeout)``."""
 
-    def __init__(self, client: redis.asyncio.Redis, call: Call, url: str) -> None:
+    def __init__(self, call: Call) -> None:
         super().__init__(len(call.payloads), call.timeout)
-        self._redis = client
-        self._reply_key = call.reply_key
-        self._url = url
-        # One BLPOP at a time per reply key, however many tasks await this future.
-        self._popping = asyncio.Lock()
+        self.call = call
+        self._settled_event = asyncio.Event()
+
+    def _on_complete(self) -> None:
+        self._settled_event.set()
+
+    def deliver_reply(self, data: bytes) -> None:
+        """Record the answers of one reply message; one that cannot be read at all fails the call."""
+        try:
+            self.deliver_all(decode_reply(data))
+        except DecodeError as exc:
+            self.fail(undecodable(exc))
 
     async def result(self, timeout: float | None = None) -> list[Any]:
         """The outputs, in order; raises the error of the first failed item.
@@ -112,30 +165,21 @@ class AsyncFuture(BaseFuture):
         Raises StreamerTimeout when ``timeout`` (or the call's own deadline, whichever is
         sooner) passes first.
         """
-        if not await self._wait_until(self._until(timeout)):
-            if self._past_deadline():
-                await self._expired()
+        if not self.settled():
+            remaining = self._until(timeout) - time.monotonic()
+            # Waits on an event, never on Redis: cancelling or timing out this wait leaves the
+            # call's BLPOP task running, so no popped reply is lost.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._settled_event.wait(), max(0.0, remaining))
+        if not self.settled():
             raise self._timeout_error()
         return self._values()
 
     def __await__(self) -> Generator[Any, None, list[Any]]:
         return self.result().__await__()
 
-    async def _wait_until(self, until: float) -> bool:
-        async with self._popping:
-            while not self.done():
-                block = blpop_block(until)
-                if block is None:
-                    return False
-                with redis_errors(self._url):
-                    popped = await self._redis.blpop([self._reply_key], timeout=block)
-                if popped:
-                    self._deliver_all(unpack_results(popped[1]))
-            return True
 
-    async def _expired(self) -> None:
-        # A late answer re-creates the key with a TTL; deleting now frees what came so far.
-        try:
-            await self._redis.delete(self._reply_key)
-        except redis.RedisError:
-            pass
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Mark a background task's error as seen (its caller may have stopped waiting)."""
+    if not task.cancelled():
+        task.exception()

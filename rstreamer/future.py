@@ -19,25 +19,44 @@ class BaseFuture:
         self.deadline = time.time() + timeout
         self._deadline_mono = time.monotonic() + timeout
         self._outcomes: dict[int, Outcome[Any]] = {}
+        self._error: BaseException | None = None
         self._lock = threading.Lock()
 
-    def _deliver(self, index: int, outcome: Outcome[Any]) -> None:
+    @property
+    def expires_at(self) -> float:
+        """The call's deadline on this process's monotonic clock."""
+        return self._deadline_mono
+
+    def deliver(self, index: int, outcome: Outcome[Any]) -> None:
+        """Record the answer of item ``index``; the first answer per index wins."""
         with self._lock:
             if 0 <= index < self.size and index not in self._outcomes:
                 self._outcomes[index] = outcome
                 if len(self._outcomes) == self.size:
                     self._on_complete()
 
-    def _on_complete(self) -> None:
-        """Called, under the lock, when the last answer arrives."""
+    def fail(self, error: BaseException) -> None:
+        """End the call with ``error`` (it was not enqueued, or its answers cannot be read)."""
+        with self._lock:
+            if not self.settled():
+                self._error = error
+                self._on_complete()
 
-    def _deliver_all(self, results: Iterable[tuple[int, Outcome[Any]]]) -> None:
+    def _on_complete(self) -> None:
+        """Called, under the lock, when the last answer arrives or the call fails."""
+
+    def deliver_all(self, results: Iterable[tuple[int, Outcome[Any]]]) -> None:
+        """Record several answers (see :meth:`deliver`)."""
         for index, outcome in results:
-            self._deliver(index, outcome)
+            self.deliver(index, outcome)
 
     def done(self) -> bool:
         """True once every item has an answer."""
         return len(self._outcomes) == self.size
+
+    def settled(self) -> bool:
+        """True once every item has an answer or the call has failed."""
+        return self._error is not None or self.done()
 
     def _until(self, timeout: float | None) -> float:
         """The monotonic time a wait of ``timeout`` seconds ends: never after the call's deadline."""
@@ -57,6 +76,8 @@ class BaseFuture:
         return StreamerTimeout(f"{missing} of {self.size} items not answered yet")
 
     def _values(self) -> list[Any]:
+        if self._error is not None:
+            raise self._error
         values = []
         for index in range(self.size):
             outcome = self._outcomes[index]
@@ -82,7 +103,7 @@ class Future(BaseFuture):
         with self._lock:
             if self._complete is None:
                 self._complete = threading.Condition(self._lock)
-            return self._complete.wait_for(self.done, max(0.0, until - time.monotonic()))
+            return self._complete.wait_for(self.settled, max(0.0, until - time.monotonic()))
 
     def _expired(self) -> None:
         """Called once the call's deadline has passed without all answers."""

@@ -138,7 +138,7 @@ class ThreadedStreamer(_LocalStreamer):
     @staticmethod
     def _deliver(results: list[tuple[LocalItem, Outcome[Any]]]) -> None:
         for item, outcome in results:
-            item.task._deliver(item.index, outcome)
+            item.task.deliver(item.index, outcome)
 
     def close(self) -> None:
         if not self._closed:
@@ -274,7 +274,7 @@ class Streamer(_LocalStreamer):
             with self._futures_lock:
                 future = self._futures.get(task)
             if future is not None:
-                future._deliver(index, outcome)
+                future.deliver(index, outcome)
                 if future.done():
                     self._forget(task)
 

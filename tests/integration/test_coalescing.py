@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rstreamer import ClientSettings, RedisStreamer
-from rstreamer.client import Coalescer
+from rstreamer.coalescer import Coalescer
 from rstreamer.errors import Overloaded, StreamerTimeout
 
 

@@ -22,31 +22,31 @@ def failed(error_type, message, kind="remote"):
 def answered(*outcomes, timeout=5.0):
     future = Future(len(outcomes), timeout)
     for index, outcome in enumerate(outcomes):
-        future._deliver(index, outcome)
+        future.deliver(index, outcome)
     return future
 
 
 def test_result_returns_the_outputs_in_batch_order_whatever_order_they_arrive_in():
     future = Future(3, 5.0)
     for index in (2, 0, 1):
-        future._deliver(index, ok(f"v{index}"))
+        future.deliver(index, ok(f"v{index}"))
     assert future.done()
     assert future.result() == ["v0", "v1", "v2"]
 
 
 def test_the_first_answer_per_index_wins():
     future = Future(2, 5.0)
-    future._deliver(0, ok("first"))
-    future._deliver(0, ok("second"))
-    future._deliver(0, failed("ValueError", "late failure"))
-    future._deliver(1, ok("b"))
+    future.deliver(0, ok("first"))
+    future.deliver(0, ok("second"))
+    future.deliver(0, failed("ValueError", "late failure"))
+    future.deliver(1, ok("b"))
     assert future.result() == ["first", "b"]
 
 
 def test_a_later_success_does_not_replace_a_first_failure():
     future = Future(1, 5.0)
-    future._deliver(0, failed("ValueError", "bad"))
-    future._deliver(0, ok("retry"))
+    future.deliver(0, failed("ValueError", "bad"))
+    future.deliver(0, ok("retry"))
     with pytest.raises(RemoteError):
         future.result()
 
@@ -54,19 +54,19 @@ def test_a_later_success_does_not_replace_a_first_failure():
 @pytest.mark.parametrize("index", [-1, 2, 100])
 def test_an_out_of_range_index_is_ignored(index):
     future = Future(2, 5.0)
-    future._deliver(0, ok("a"))
-    future._deliver(index, ok("stray"))
+    future.deliver(0, ok("a"))
+    future.deliver(index, ok("stray"))
     assert not future.done()
-    future._deliver(1, ok("b"))
+    future.deliver(1, ok("b"))
     assert future.result() == ["a", "b"]
 
 
 def test_done_is_false_until_every_index_is_answered():
     future = Future(2, 5.0)
     assert not future.done()
-    future._deliver(1, ok("b"))
+    future.deliver(1, ok("b"))
     assert not future.done()
-    future._deliver(0, ok("a"))
+    future.deliver(0, ok("a"))
     assert future.done()
 
 
@@ -78,9 +78,9 @@ def test_an_empty_batch_is_done_at_once():
 
 def test_result_raises_the_error_of_the_first_failed_index_not_the_first_to_arrive():
     future = Future(3, 5.0)
-    future._deliver(2, failed("ValueError", "third is bad"))
-    future._deliver(0, ok("a"))
-    future._deliver(1, failed("KeyError", "'second'"))
+    future.deliver(2, failed("ValueError", "third is bad"))
+    future.deliver(0, ok("a"))
+    future.deliver(1, failed("KeyError", "'second'"))
     with pytest.raises(RemoteError) as caught:
         future.result()
     assert type(caught.value) is RemoteError
@@ -116,7 +116,7 @@ def test_a_failure_without_details_still_raises_a_remote_error():
 
 def test_result_with_a_short_timeout_raises_streamer_timeout_promptly():
     future = Future(2, 30.0)
-    future._deliver(0, ok("a"))
+    future.deliver(0, ok("a"))
     started = time.monotonic()
     with pytest.raises(StreamerTimeout) as caught:
         future.result(timeout=0.01)
@@ -130,7 +130,7 @@ def test_result_after_a_short_timeout_can_still_succeed_later():
     future = Future(1, 30.0)
     with pytest.raises(StreamerTimeout):
         future.result(timeout=0.001)
-    future._deliver(0, ok("late"))
+    future.deliver(0, ok("late"))
     assert future.result(timeout=0.001) == ["late"]
 
 
@@ -161,7 +161,7 @@ def test_the_expired_hook_runs_only_once_the_calls_deadline_has_passed():
 
 def test_result_wakes_as_soon_as_another_thread_answers():
     future = Future(1, 30.0)
-    timer = threading.Timer(0.005, future._deliver, args=(0, ok("from thread")))
+    timer = threading.Timer(0.005, future.deliver, args=(0, ok("from thread")))
     timer.start()
     try:
         started = time.monotonic()

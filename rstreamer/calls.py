@@ -1,0 +1,164 @@
+"""What the sync and async streamers share: calls (reply token, encoded items, deadline), the
+arguments of the ENQUEUE scripts, and how Redis's failures reach a caller."""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from . import codec
+from .connection import broker_errors, normalize_broker_url
+from .errors import EncodeError, Overloaded
+from .keys import Keys
+from .settings import ClientSettings, redis_url_from_env
+
+# A blocked BLPOP returns at least this often so that a vanished server is noticed within
+# the socket timeout instead of hanging.
+BLPOP_SLICE = 2.0
+# Connections per streamer: each waiting group of calls holds one for its BLPOP, so redis-py's
+# default of 100 would fail the 101st concurrent caller with "Too many connections".
+MAX_CONNECTIONS = 1000
+# The socket timeout of a streamer's connections: longer than the longest BLPOP slice. It bounds
+# a stalled socket call, not a call: callers stop waiting at their own deadline (issue 10 #4).
+SOCKET_TIMEOUT = BLPOP_SLICE + 3.0
+# redis-py must not retry on its own: a retry of the ENQUEUE script after a read timeout would
+# enqueue the items twice, and a retry chain outlasts a call's deadline. BLPOPs are retried by
+# the streamers, within the deadline (RETRY_ATTEMPTS tries, backoff up to RETRY_BACKOFF_CAP).
+CLIENT_RETRIES = 0
+RETRY_ATTEMPTS = 3
+RETRY_BACKOFF_CAP = 1.0
+
+
+def blpop_block(until: float) -> float | None:
+    """Seconds the next BLPOP may block before the monotonic time ``until``; None once it has passed."""
+    remaining = until - time.monotonic()
+    if remaining <= 0:
+        return None
+    # BLPOP treats 0 as "forever", so never pass less than 10 ms.
+    return max(0.01, min(remaining, BLPOP_SLICE))
+
+
+def retry_pause(failures: int, until: float) -> float | None:
+    """Seconds to wait before retrying after ``failures`` broker errors; None to give up."""
+    remaining = until - time.monotonic()
+    if failures >= RETRY_ATTEMPTS or remaining <= 0:
+        return None
+    return min(remaining, RETRY_BACKOFF_CAP, 0.05 * 2 ** failures)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One submit, ready to enqueue: its reply key, encoded items and deadline.
+
+    ``deadline`` is on the epoch clock (it travels in the entries), ``expires_at`` on this
+    process's monotonic clock (callers wait until it).
+    """
+
+    token: str
+    reply_key: str
+    payloads: list[bytes]
+    timeout: float
+    deadline: float
+    expires_at: float = field(default=0.0, compare=False)
+
+
+class CallFactory:
+    """What the sync and async streamers share: settings, keys, reply tokens, encoding."""
+
+    def __init__(
+        self,
+        redis_broker: str | None,
+        prefix: str | None,
+        timeout: float | None,
+        max_queue: int | None,
+        settings: ClientSettings | None,
+    ) -> None:
+        self.settings = settings or ClientSettings.from_env(timeout=timeout, max_queue=max_queue)
+        self.url = normalize_broker_url(redis_broker or redis_url_from_env())
+        self.keys = Keys(prefix if prefix is not None else os.environ.get("RSTREAMER_PREFIX", ""))
+        self._identity_lock = threading.Lock()
+        self._pid = -1
+        self._client_id = ""
+        self._tasks = itertools.count()
+
+    def _next_token(self) -> str:
+        if self._pid != os.getpid():
+            # A streamer built before a fork must not reuse its parent's reply keys.
+            with self._identity_lock:
+                if self._pid != os.getpid():
+                    self._client_id = secrets.token_hex(8)
+                    self._tasks = itertools.count()
+                    self._pid = os.getpid()
+        return f"{self._client_id}:{next(self._tasks)}"
+
+    def new_call(self, batch: list[Any], timeout: float | None) -> Call:
+        """Encode ``batch``; raises EncodeError for an item that cannot be sent."""
+        payloads = [codec.packb(item) for item in batch]
+        limit = self.settings.max_item_bytes
+        for index, payload in enumerate(payloads):
+            if len(payload) > limit:
+                raise EncodeError(f"item {index} is {len(payload)} bytes encoded, over the limit of {limit}")
+        token = self._next_token()
+        timeout = self.settings.timeout if timeout is None else timeout
+        return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
+                    time.monotonic() + timeout)
+
+    # The arguments of the two ENQUEUE scripts (lua.ENQUEUE, lua.ENQUEUE_CALLS) are built here
+    # and nowhere else.
+
+    def enqueue_args(self, call: Call) -> dict[str, list[Any]]:
+        """Arguments of the ENQUEUE script for ``call``."""
+        return {
+            "keys": [self.keys.requests],
+            "args": [self.settings.max_queue, self.keys.group, call.token, int(call.deadline * 1000), *call.payloads],
+        }
+
+    def enqueue_calls_args(self, calls: Sequence[Call]) -> dict[str, list[Any]]:
+        """Arguments of the ENQUEUE_CALLS script for ``calls``, sent under the first one's token."""
+        shapes: list[Any] = []
+        payloads: list[bytes] = []
+        for call in calls:
+            # Each call keeps its own deadline, so an item never runs after its caller gave up.
+            shapes += [len(call.payloads), int(call.deadline * 1000)]
+            payloads += call.payloads
+        args = [self.settings.max_queue, self.keys.group, calls[0].token, len(calls), *shapes, *payloads]
+        return {"keys": [self.keys.requests], "args": args}
+
+    def overloaded(self) -> Overloaded:
+        """The error of a call refused because the queue is full."""
+        return Overloaded(f"queue of prefix {self.keys.prefix!r} is full ({self.settings.max_queue} items waiting)")
+
+    def check_enqueued(self, added: int) -> None:
+        """Raise Overloaded when the ENQUEUE script refused the call."""
+        if added == -1:
+            raise self.overloaded()
+
+
+@contextlib.contextmanager
+def call_errors(url: str) -> Iterator[None]:
+    """broker_errors, and Overloaded for the two ways Redis says "too much": this process has
+    every connection of its pool in use, or Redis is at maxmemory (OOM)."""
+    with broker_errors(url):
+        try:
+            yield
+        except redis.MaxConnectionsError as exc:
+            raise Overloaded(f"too many calls in flight in this process: {exc}") from exc
+        except redis.ResponseError as exc:
+            if not is_oom(exc):
+                raise
+            raise Overloaded("Redis is full (at maxmemory): no new work is accepted until workers drain it") from exc
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for the error Redis gives a write while used memory is over maxmemory."""
+    return isinstance(exc, redis.ResponseError) and (
+        isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in str(exc)
+    )

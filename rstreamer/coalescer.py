@@ -1,0 +1,306 @@
+"""Coalescing: the concurrent calls of one RedisStreamer share ENQUEUEs and reply keys.
+
+Calls that threads of one process submit while an ENQUEUE is in flight go out together in the
+next one: one ENQUEUE_CALLS script under one token, so they share one reply key, which one
+thread pops for all of them. Each call keeps its own deadline (the script writes one per item)
+and its own Overloaded (the script checks max_queue call by call).
+
+A caller's thread never talks to Redis: it queues its call and parks with its own deadline, so
+it returns in time whatever Redis does, a stalled server or a black-holed path included (issue
+10 #4). The streamer's I/O threads do the talking: one flusher at a time sends the pending calls,
+and one popper per reply group pops its key and delivers each answer to its call's future. The
+flusher pops for the last group it sent, so a lone call costs one EVALSHA and one BLPOP, as
+before, plus two thread hand-offs.
+"""
+from __future__ import annotations
+
+import bisect
+import enum
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from . import lua
+from .batching import Outcome
+from .calls import MAX_CONNECTIONS, CallFactory, blpop_block, call_errors, retry_pause
+from .errors import BrokerUnavailable, DecodeError
+from .replies import decode_reply, undecodable
+
+if TYPE_CHECKING:
+    from .client import RedisFuture
+
+MAX_GROUP_ITEMS = 1024
+"""Most items one coalesced ENQUEUE carries, so that one script never holds Redis for long."""
+
+
+class CallState(enum.Enum):
+    """Where a call stands in the coalescer."""
+
+    PENDING = "pending"  # queued for the next ENQUEUE
+    SENDING = "sending"  # in an ENQUEUE in flight
+    SENT = "sent"  # enqueued: its group's popper delivers its answers
+    FAILED = "failed"  # refused, or its ENQUEUE failed: the ticket's error says why
+    DROPPED = "dropped"  # its deadline passed before it was sent
+
+
+class Ticket:
+    """One call's place in the coalescer; only the Coalescer changes it, under its lock."""
+
+    __slots__ = ("future", "state", "error", "offset", "_settled")
+
+    def __init__(self, future: RedisFuture) -> None:
+        self.future = future
+        self.state = CallState.PENDING
+        self.error: BaseException | None = None
+        self.offset = 0  # index of its first item in its group's reply
+        self._settled = threading.Lock()
+        self._settled.acquire()  # released once the ENQUEUE has decided
+
+    @property
+    def expires_at(self) -> float:
+        return self.future.call.expires_at
+
+    def start_sending(self, offset: int) -> None:
+        self.state, self.offset = CallState.SENDING, offset
+
+    def sent(self) -> None:
+        self.state = CallState.SENT
+        self._settled.release()
+
+    def failed(self, error: BaseException) -> None:
+        self.state, self.error = CallState.FAILED, error
+        self.future.fail(error)
+        self._settled.release()
+
+    def drop(self) -> None:
+        self.state = CallState.DROPPED
+        self._settled.release()
+
+    def wait_settled(self) -> None:
+        """Park until the ENQUEUE has decided, or the call's deadline."""
+        self._settled.acquire(timeout=max(0.0, self.expires_at - time.monotonic()))
+
+
+class ReplyGroup:
+    """The calls of one coalesced ENQUEUE: one reply key, whose answers go to each call by index.
+
+    Only its popper thread uses it.
+    """
+
+    def __init__(self, reply_key: str, tickets: list[Ticket]) -> None:
+        self.reply_key = reply_key
+        self.tickets = tickets
+        self.offsets = [ticket.offset for ticket in tickets]
+
+    def until(self) -> float | None:
+        """The latest deadline of the calls still waiting for answers; None when none is."""
+        now = time.monotonic()
+        waiting = [t.expires_at for t in self.tickets if not t.future.settled() and t.expires_at > now]
+        return max(waiting, default=None)
+
+    def deliver(self, data: bytes) -> None:
+        """Dispatch one reply message; one that cannot be read at all fails every waiting call."""
+        try:
+            results = decode_reply(data)
+        except DecodeError as exc:
+            self.fail_waiting(undecodable(exc))
+            return
+        for index, outcome in results:
+            self._dispatch(index, outcome)
+
+    def _dispatch(self, index: int, outcome: Outcome[Any]) -> None:
+        position = bisect.bisect_right(self.offsets, index) - 1
+        if position >= 0:
+            ticket = self.tickets[position]
+            ticket.future.deliver(index - ticket.offset, outcome)
+
+    def fail_waiting(self, error: BaseException) -> None:
+        for ticket in self.tickets:
+            ticket.future.fail(_copy_error(error))
+
+    def answered(self) -> bool:
+        return all(ticket.future.done() for ticket in self.tickets)
+
+
+class Coalescer:
+    """Enqueues the calls of a RedisStreamer, coalescing concurrent ones, and pops their answers."""
+
+    def __init__(self, client: redis.Redis, url: str, calls: CallFactory) -> None:
+        self._redis = client
+        self._url = url
+        self._calls = calls
+        self._script = client.register_script(lua.ENQUEUE_CALLS)
+        self._lock = threading.Lock()
+        self._pending: list[Ticket] = []
+        self._flushing = False
+        self._closed = False
+        self._io = ThreadPoolExecutor(MAX_CONNECTIONS, thread_name_prefix="rstreamer-io")
+
+    # callers ---------------------------------------------------------------------------------
+
+    def enqueue(self, future: RedisFuture, patient: bool) -> None:
+        """Queue ``future``'s call. Unless ``patient``, return once it is enqueued (raising why it
+        was not) or its deadline has passed; a patient caller learns the outcome from the future."""
+        ticket = Ticket(future)
+        with self._lock:
+            if self._closed:
+                raise BrokerUnavailable("the streamer is closed")
+            self._pending.append(ticket)
+            start, self._flushing = not self._flushing, True
+        if start:
+            self._start(self._flush)
+        if not patient:
+            self._await_sent(ticket)
+
+    def _await_sent(self, ticket: Ticket) -> None:
+        ticket.wait_settled()
+        with self._lock:
+            if ticket.state is CallState.PENDING:  # the deadline passed before it was sent
+                self._pending.remove(ticket)
+                ticket.drop()
+        # SENDING: the deadline passed during the ENQUEUE; the future times out.
+        if ticket.state is CallState.FAILED and ticket.error is not None:
+            raise ticket.error
+
+    def close(self) -> None:
+        """Refuse new calls and stop the poppers (each within one BLPOP slice)."""
+        with self._lock:
+            self._closed = True
+            for ticket in self._pending:
+                ticket.failed(BrokerUnavailable("the streamer was closed"))
+            self._pending.clear()
+        self._io.shutdown(wait=False, cancel_futures=True)
+
+    # the flusher -----------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Send the pending calls until none are left, then pop the last group's answers."""
+        last: ReplyGroup | None = None
+        try:
+            while taken := self._take():
+                if last is not None:
+                    self._start_popper(last)
+                last = self._send(taken)
+        except BaseException:
+            self._recover(last)
+            raise
+        if last is not None:
+            self._pop_replies(last)
+
+    def _recover(self, last: ReplyGroup | None) -> None:
+        """After an unexpected error in the flusher: never leave calls without a flusher or popper."""
+        with self._lock:
+            restart = self._flushing = bool(self._pending) and not self._closed
+        if restart:
+            self._start(self._flush)
+        if last is not None:
+            self._start_popper(last)
+
+    def _start_popper(self, group: ReplyGroup) -> None:
+        if not self._start(self._pop_replies, group):
+            group.fail_waiting(BrokerUnavailable("the streamer was closed"))
+
+    def _start(self, task: Callable[..., None], *args: Any) -> bool:
+        """Run ``task`` in an I/O thread; False once the streamer is closed."""
+        try:
+            self._io.submit(task, *args)
+        except RuntimeError:  # shut down by close()
+            return False
+        return True
+
+    def _take(self) -> list[Ticket]:
+        """The pending calls in order, up to MAX_GROUP_ITEMS items; none (and no flusher) when
+        none is left. Calls past their deadline are dropped."""
+        with self._lock:
+            now = time.monotonic()
+            for ticket in [t for t in self._pending if t.expires_at <= now]:
+                self._pending.remove(ticket)
+                ticket.drop()
+            if not self._pending:
+                self._flushing = False
+                return []
+            taken, items = [], 0
+            for ticket in self._pending:
+                size = len(ticket.future.call.payloads)
+                if taken and items + size > MAX_GROUP_ITEMS:
+                    break
+                ticket.start_sending(items)
+                taken.append(ticket)
+                items += size
+            del self._pending[:len(taken)]
+            return taken
+
+    def _send(self, taken: list[Ticket]) -> ReplyGroup | None:
+        """One ENQUEUE_CALLS for ``taken``; settles each call; the group of the accepted ones."""
+        try:
+            # Not retried: a retry after a read timeout would enqueue the items twice.
+            with call_errors(self._url):
+                accepted = int(self._script(**self._calls.enqueue_calls_args([t.future.call for t in taken])))
+        except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
+            self._settle(taken, 0, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return None
+        self._settle(taken, accepted, self._calls.overloaded())
+        return ReplyGroup(taken[0].future.call.reply_key, taken[:accepted]) if accepted else None
+
+    def _settle(self, taken: list[Ticket], accepted: int, refusal: BaseException) -> None:
+        with self._lock:
+            for ticket in taken[:accepted]:
+                ticket.sent()
+            for position, ticket in enumerate(taken[accepted:]):
+                ticket.failed(refusal if position == 0 else _copy_error(refusal))
+
+    # the poppers -----------------------------------------------------------------------------
+
+    def _pop_replies(self, group: ReplyGroup) -> None:
+        """Pop ``group``'s reply key until each of its calls is answered or past its deadline."""
+        failures = 0
+        while self._serving() and (until := group.until()) is not None:
+            block = blpop_block(until)
+            if block is None:
+                break
+            try:
+                with call_errors(self._url):
+                    popped = self._redis.blpop([group.reply_key], timeout=block)
+            except BrokerUnavailable as exc:  # retried within the deadline, then the calls fail
+                failures += 1
+                pause = retry_pause(failures, until)
+                if pause is None:
+                    group.fail_waiting(exc)
+                    break
+                time.sleep(pause)
+                continue
+            except Exception as exc:
+                group.fail_waiting(exc)
+                break
+            failures = 0
+            if popped:
+                group.deliver(popped[1])
+        if not group.answered():
+            self._delete(group.reply_key)
+
+    def _serving(self) -> bool:
+        # Once the main thread has ended the interpreter is exiting: stop within one slice.
+        return not self._closed and threading.main_thread().is_alive()
+
+    def _delete(self, reply_key: str) -> None:
+        # A late answer re-creates the key with a TTL; deleting now frees what came so far.
+        try:
+            self._redis.delete(reply_key)
+        except redis.RedisError:
+            pass
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """The same error for another thread to raise (one instance raised in many threads tangles tracebacks)."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
+    copy.__cause__ = error.__cause__
+    return copy
