@@ -1,0 +1,304 @@
+"""The web side under faults (issue 10): a stalled Redis (SIGSTOP), a full Redis (maxmemory),
+reply messages that cannot be decoded, a cancelled asyncio caller, a BaseException in the
+flusher. Real redis-servers; nothing of Redis is mocked."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+from rstreamer import AsyncRedisStreamer, BrokerUnavailable, Overloaded, RedisStreamer, RemoteError, StreamerTimeout
+from rstreamer.calls import SOCKET_TIMEOUT
+from rstreamer.codec import unpackb
+from rstreamer.coalescer import Coalescer
+from rstreamer.embedded import EmbeddedRedis
+from rstreamer.errors import RStreamerError
+from support.procs import wait_until
+
+pytestmark = pytest.mark.integration
+
+GRACE = 0.5  # how far past its timeout a call may return, whatever Redis does (issue 10 #4)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test's own, which it may stop (SIGSTOP) or fill; resumed at teardown."""
+    server = EmbeddedRedis().start()
+    try:
+        yield server
+    finally:
+        _signal(server, signal.SIGCONT)
+        server.close()
+
+
+def _signal(server: EmbeddedRedis, sig: int) -> None:
+    if server._process is not None and server._process.poll() is None:
+        os.kill(server._process.pid, sig)
+
+
+def _blpop_clients(client: redis.Redis) -> int:
+    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop")
+
+
+class Outcomes:
+    """Run calls in threads; record what each returned or raised, and after how long."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, tuple[Any, float]] = {}
+        self.threads: list[threading.Thread] = []
+
+    def start(self, name: str, call: Callable[[], Any]) -> None:
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                outcome: Any = call()
+            except RStreamerError as exc:
+                outcome = exc
+            self.results[name] = (outcome, time.monotonic() - started)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def join(self, timeout: float) -> dict[str, tuple[Any, float]]:
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        assert len(self.results) == len(self.threads), f"calls still running after {timeout}s: {self.results}"
+        return self.results
+
+
+# issue 10 #4: a stalled Redis -------------------------------------------------------------------
+
+
+def test_sync_calls_return_within_their_timeout_while_redis_is_stalled(private_redis, prefix):
+    timeout = 2.0
+    client = redis.Redis.from_url(private_redis.url)
+    streamer = RedisStreamer(private_redis.url, prefix, timeout=timeout)
+    calls = Outcomes()
+    try:
+        calls.start("waiting in BLPOP", lambda: streamer.predict([1]))
+        wait_until(lambda: _blpop_clients(client), what="the first call in BLPOP")
+        _signal(private_redis, signal.SIGSTOP)
+        for n in range(4):  # concurrent: coalesced into ENQUEUEs that Redis never answers
+            calls.start(f"predict during the stall {n}", lambda: streamer.predict([n]))
+        calls.start("submit during the stall", lambda: streamer.submit([9]).result())
+        results = calls.join(timeout + 10)
+    finally:
+        _signal(private_redis, signal.SIGCONT)
+        streamer.close()
+        client.close()
+    for name, (outcome, seconds) in results.items():
+        assert isinstance(outcome, (StreamerTimeout, BrokerUnavailable)), (name, outcome)
+        assert seconds < timeout + GRACE, f"{name} returned after {seconds:.1f}s (timeout {timeout}s)"
+
+
+def test_async_calls_return_within_their_timeout_while_redis_is_stalled(private_redis, prefix):
+    timeout = 2.0
+    client = redis.Redis.from_url(private_redis.url)
+
+    async def timed(call: Any) -> tuple[Any, float]:
+        started = time.monotonic()
+        try:
+            outcome = await call
+        except RStreamerError as exc:
+            outcome = exc
+        return outcome, time.monotonic() - started
+
+    async def scenario() -> list[tuple[Any, float]]:
+        async with AsyncRedisStreamer(private_redis.url, prefix, timeout=timeout) as streamer:
+            first = asyncio.ensure_future(timed(streamer.predict([1])))
+            while not _blpop_clients(client):
+                await asyncio.sleep(0.01)
+            _signal(private_redis, signal.SIGSTOP)
+            try:
+                during = [timed(streamer.predict([n])) for n in range(4)]
+                return await asyncio.wait_for(asyncio.gather(first, *during), timeout + 10)
+            finally:
+                _signal(private_redis, signal.SIGCONT)
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        client.close()
+    for outcome, seconds in results:
+        assert isinstance(outcome, (StreamerTimeout, BrokerUnavailable)), outcome
+        assert seconds < timeout + GRACE, f"returned after {seconds:.1f}s (timeout {timeout}s)"
+
+
+def test_an_enqueue_that_times_out_is_not_sent_again(private_redis, prefix):
+    client = redis.Redis.from_url(private_redis.url)
+    streamer = RedisStreamer(private_redis.url, prefix, timeout=30)
+    calls = Outcomes()
+    try:
+        with pytest.raises(StreamerTimeout):  # warms the pool: the next ENQUEUE reuses a connection
+            streamer.predict([0], timeout=0.2)
+        _signal(private_redis, signal.SIGSTOP)
+        calls.start("stalled enqueue", lambda: streamer.submit([1]))
+        # redis-py used to retry the script after the read timeout, three times, 5 s each.
+        (outcome, _), = calls.join(SOCKET_TIMEOUT + 3).values()
+        assert isinstance(outcome, BrokerUnavailable)
+        _signal(private_redis, signal.SIGCONT)
+        client.ping()
+        assert client.xlen(streamer.keys.requests) <= 2, "an ENQUEUE ran twice"
+    finally:
+        _signal(private_redis, signal.SIGCONT)
+        streamer.close()
+        client.close()
+
+
+# issue 10 #1 (client side): Redis at maxmemory -------------------------------------------------
+
+
+def _fill(client: redis.Redis) -> None:
+    client.set("ballast", b"x" * (4 << 20))
+    client.config_set("maxmemory", str(1 << 20))  # below what is used: every write is refused (OOM)
+
+
+def test_a_full_redis_answers_overloaded_at_once(private_redis, prefix):
+    client = redis.Redis.from_url(private_redis.url)
+    _fill(client)
+    try:
+        with RedisStreamer(private_redis.url, prefix, timeout=10) as streamer:
+            started = time.monotonic()
+            with pytest.raises(Overloaded, match="maxmemory") as raised:
+                streamer.predict([1])
+            assert raised.value.http_status == 503 and time.monotonic() - started < 1.0
+            with pytest.raises(Overloaded, match="maxmemory"):
+                streamer.submit([1])
+            client.config_set("maxmemory", "0")
+            streamer.submit([2])  # accepted again once Redis has room
+    finally:
+        client.close()
+
+
+def test_a_full_redis_answers_overloaded_at_once_async(private_redis, prefix):
+    client = redis.Redis.from_url(private_redis.url)
+    _fill(client)
+
+    async def scenario() -> None:
+        async with AsyncRedisStreamer(private_redis.url, prefix, timeout=10) as streamer:
+            with pytest.raises(Overloaded, match="maxmemory"):
+                await streamer.predict([1])
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        client.close()
+
+
+# issue 10 #2 (client side): one undecodable reply message ---------------------------------------
+
+
+@pytest.fixture
+def held_first_send(monkeypatch):
+    """Hold the first ENQUEUE back 0.3 s, so that the calls made meanwhile share the next one."""
+    sends: list[int] = []
+    original = Coalescer._send
+
+    def slow_first_send(self, taken):
+        sends.append(len(taken))
+        if len(sends) == 1:
+            time.sleep(0.3)
+        return original(self, taken)
+
+    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
+    return sends
+
+
+def _coalesced_calls(streamer: RedisStreamer, redis_client: redis.Redis, payloads: list[str],
+                     sends: list[int]) -> tuple[Outcomes, str, dict[str, int]]:
+    """Start one call per payload, coalesced; their shared token and each payload's reply index."""
+    calls = Outcomes()
+    threading.Thread(target=streamer.submit, args=(["warm-up"],), daemon=True).start()
+    wait_until(lambda: sends, what="the held-back ENQUEUE")
+    for payload in payloads:
+        calls.start(payload, lambda p=payload: streamer.predict([p]))
+    entries = wait_until(lambda: _entries_if(redis_client, streamer, 1 + len(payloads)), what="the coalesced ENQUEUE")
+    tokens = {fields[b"t"] for _, fields in entries if unpackb(fields[b"p"]) != "warm-up"}
+    assert len(tokens) == 1, "the calls were not coalesced"
+    index = {unpackb(fields[b"p"]): int(fields[b"i"]) for _, fields in entries}
+    return calls, tokens.pop().decode(), index
+
+
+def _entries_if(client: redis.Redis, streamer: RedisStreamer, count: int) -> list[Any]:
+    entries = client.xrange(streamer.keys.requests)
+    return entries if len(entries) >= count else []
+
+
+def test_an_answer_the_client_cannot_decode_fails_only_its_caller(redis_client, redis_url, prefix, held_first_send):
+    with RedisStreamer(redis_url, prefix, timeout=8) as streamer:
+        calls, token, index = _coalesced_calls(streamer, redis_client, ["good", "bad", "fine"], held_first_send)
+        # msgpack encodes a tuple map key; the client cannot rebuild it (an unhashable list key)
+        answers = {"good": "good!", "bad": {(1, 2): 3}, "fine": "fine!"}
+        rows = [[index[payload], True, answer] for payload, answer in answers.items()]
+        redis_client.rpush(streamer.keys.reply(token), msgpack.packb(rows))
+        results = calls.join(3)  # well before the calls' 8 s timeout
+        redis_client.delete(streamer.keys.requests)
+    assert results["good"][0] == ["good!"] and results["fine"][0] == ["fine!"]
+    assert isinstance(results["bad"][0], RemoteError) and results["bad"][0].http_status == 500
+
+
+def test_a_reply_that_cannot_be_decoded_at_all_fails_every_caller_at_once(redis_client, redis_url, prefix,
+                                                                            held_first_send):
+    with RedisStreamer(redis_url, prefix, timeout=8) as streamer:
+        calls, token, _ = _coalesced_calls(streamer, redis_client, ["a", "b", "c"], held_first_send)
+        redis_client.rpush(streamer.keys.reply(token), b"\xc1 not msgpack")
+        results = calls.join(3)
+        redis_client.delete(streamer.keys.requests)
+    for outcome, _ in results.values():
+        assert isinstance(outcome, RemoteError) and "could not be decoded" in str(outcome)
+
+
+# issue 10, "also" --------------------------------------------------------------------------------
+
+
+def test_an_async_caller_cancelled_mid_blpop_loses_no_reply_of_other_waiters(redis_client, redis_url, prefix):
+    async def scenario() -> list[Any]:
+        async with AsyncRedisStreamer(redis_url, prefix, timeout=8) as streamer:
+            future = await streamer.submit([1])
+            first = asyncio.ensure_future(future.result())
+            second = asyncio.ensure_future(future.result())
+            while not _blpop_clients(redis_client):
+                await asyncio.sleep(0.01)
+            # Blocking calls, so that no task runs before the cancel: Redis pops the reply and
+            # sends it to the waiting BLPOP, whose reader is cancelled before it reads it.
+            redis_client.rpush(future.call.reply_key, msgpack.packb([[0, True, "answer"]]))
+            redis_client.ping()
+            first.cancel()
+            return await asyncio.wait_for(second, 3)
+
+    assert asyncio.run(scenario()) == ["answer"]
+    redis_client.delete(f"rstreamer:{{{prefix}}}:requests")
+
+
+def test_a_base_exception_in_the_flusher_does_not_stop_the_next_calls(redis_url, prefix, workers, monkeypatch):
+    class Interrupt(BaseException):
+        pass
+
+    original, raised = Coalescer._take, []
+
+    def take_once_interrupted(self):
+        if not raised:
+            raised.append(True)
+            raise Interrupt
+        return original(self)
+
+    workers.start(prefix)
+    monkeypatch.setattr(Coalescer, "_take", take_once_interrupted)
+    with RedisStreamer(redis_url, prefix, timeout=5) as streamer:
+        try:
+            first = streamer.predict([1])
+        except Interrupt:
+            first = None
+        assert raised
+        assert streamer.predict([2]) == [4]
+    assert first in (None, [2])
