@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from .costing import CostBudget, CostCap, CostWindow, OomGuard
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -37,12 +38,14 @@ class BatchPolicy:
     callers of the last batch, coming back, fill it instead of being split into small batches
     by idle peers. A lone caller's batches stay batches of one, which never wait.
     ``adaptive=False`` always waits ``max_latency`` for a batch to fill (service-streamer).
+    ``cost``: the cost budget and bucketing of :func:`collect_costed_batch`.
     """
 
     batch_size: int
     max_latency: float = 0.1
     adaptive: bool = True
     linger: float = 0.1
+    cost: CostBudget = CostBudget()
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -136,6 +139,84 @@ def collect_batch(
     return batch
 
 
+def collect_costed_batch(
+    source: ItemSource[T],
+    policy: BatchPolicy,
+    window: CostWindow[T],
+    cost: Callable[[T], int],
+    first_wait: float,
+    clock: Callable[[], float] = time.monotonic,
+    cap: CostCap | None = None,
+) -> tuple[list[T], list[int]]:
+    """Gather one batch by cost; its items and their costs (empty if nothing arrived in time).
+
+    The consumer holds up to ``lookahead`` x ``batch_size`` items in ``window`` and runs the
+    oldest one with its nearest neighbours in cost, up to ``batch_size`` items and ``budget``
+    (see :mod:`rstreamer.costing`): ``max_batch_cost``, lowered by ``cap`` when out-of-memory
+    errors taught one. Adaptive: as soon as the source is momentarily empty; otherwise the
+    batch waits until it is full or its oldest item is ``max_latency`` old.
+    """
+    budget = policy.cost.max_batch_cost if cap is None else cap.limit(policy.cost.max_batch_cost)
+    room = policy.batch_size * policy.cost.lookahead
+    _top_up(source, window, cost, room, 0.0 if len(window) else first_wait, clock)
+    if not len(window):
+        return [], []
+    shape = (policy.batch_size, budget, policy.cost.cost_model, policy.cost.padding_limit)
+    while not policy.adaptive and len(window) < room and len(window.peek(*shape)) < policy.batch_size:
+        remaining = policy.max_latency - window.oldest_age(clock())
+        if remaining <= 0 or not _top_up(source, window, cost, room, remaining, clock):
+            break
+    return window.take(*shape)
+
+
+def _top_up(
+    source: ItemSource[T], window: CostWindow[T], cost: Callable[[T], int], room: int, wait: float,
+    clock: Callable[[], float],
+) -> int:
+    """Fetch into ``window`` up to ``room`` items held; how many came."""
+    if len(window) >= room:
+        return 0
+    items = list(source.fetch(room - len(window), wait))
+    window.add(items, [cost(item) for item in items], clock())
+    return len(items)
+
+
+class Batcher(Generic[T]):
+    """One consumer's batching state: its policy and hint; with costs, its window and the cost
+    cap it learned from out-of-memory errors.
+
+    ``cost`` gives an item's cost (None: every item costs 1). Batches are by count, as
+    :func:`collect_batch` makes them, until a cost function, a ``max_batch_cost`` or an
+    out-of-memory error calls for :func:`collect_costed_batch`.
+    """
+
+    def __init__(self, policy: BatchPolicy, cost: Callable[[T], int] | None = None,
+                 oom: OomGuard | None = None, peers: int = 1) -> None:
+        self.policy = policy
+        self.hint = BatchHint(peers=peers)
+        self.cost = cost
+        self.oom = oom if oom is not None else OomGuard(cost_model=policy.cost.cost_model)
+        self.window: CostWindow[T] = CostWindow()
+
+    @property
+    def costed(self) -> bool:
+        """Whether batches are made by cost."""
+        return self.cost is not None or self.policy.cost.max_batch_cost is not None or self.oom.cap.value is not None
+
+    def next_batch(self, source: ItemSource[T], first_wait: float,
+                   clock: Callable[[], float] = time.monotonic) -> tuple[list[T], list[int]]:
+        """The next batch and its items' costs; empty if nothing arrived within ``first_wait``."""
+        if self.costed:
+            cost = self.cost if self.cost is not None else _unit_cost
+            return collect_costed_batch(source, self.policy, self.window, cost, first_wait, clock, self.oom.cap)
+        batch = collect_batch(source, self.policy, first_wait, clock, self.hint)
+        return batch, [1] * len(batch)
+
+
+def _unit_cost(item: object) -> int:
+    return 1
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why one item has no output: the exception's type name and message, and a kind."""
@@ -167,34 +248,54 @@ def _as_list(outputs: Any) -> list[Any] | None:
     return list(iterator)
 
 
-def predict_isolated(predict: Callable[[list[Any]], Sequence[Any]], inputs: list[Any]) -> list[Outcome[Any]]:
+def predict_isolated(
+    predict: Callable[[list[Any]], Sequence[Any]],
+    inputs: list[Any],
+    costs: Sequence[int] | None = None,
+    oom: OomGuard | None = None,
+) -> list[Outcome[Any]]:
     """Run ``predict`` on ``inputs``; one Outcome per input, in order.
 
     When the model raises, the batch is split in halves until the failing items are found,
-    so the others still get answers. A wrong-length output fails the whole batch.
+    so the others still get answers. A wrong-length output fails the whole batch. With ``oom``,
+    an out-of-memory error also lowers the learned cost cap (``costs`` are the inputs' costs),
+    and an item that runs out of memory alone fails with a message that says so.
     """
     if not inputs:
         return []
-    raised = False
+    costs = list(costs) if costs is not None else [1] * len(inputs)
+    failure: Failure | None = None
     try:
         # A lazy output (a generator) raises while it is listed: that is the model raising too.
         output_list = _as_list(predict(inputs))
     except Exception as exc:
+        failure = _failure_of(exc, costs, oom)
         if len(inputs) == 1:
             logger.error("model raised %s on an item", type(exc).__name__, exc_info=True)
-            return [Outcome(False, failure=Failure.from_exception(exc))]
-        raised = True
-    if raised:
+            return [Outcome(False, failure=failure)]
+    if failure is not None:
         # Split outside the except block so that logged tracebacks are not chained.
         middle = len(inputs) // 2
-        return predict_isolated(predict, inputs[:middle]) + predict_isolated(predict, inputs[middle:])
+        return (predict_isolated(predict, inputs[:middle], costs[:middle], oom)
+                + predict_isolated(predict, inputs[middle:], costs[middle:], oom))
     if output_list is None or len(output_list) != len(inputs):
         got = "a non-sequence" if output_list is None else f"{len(output_list)} outputs"
         message = f"model returned {got} for a batch of {len(inputs)} inputs"
         logger.error(message)
-        failure = Failure("BatchSizeMismatch", message, "mismatch")
-        return [Outcome(False, failure=failure) for _ in inputs]
+        mismatch = Failure("BatchSizeMismatch", message, "mismatch")
+        return [Outcome(False, failure=mismatch) for _ in inputs]
+    if oom is not None:
+        oom.on_success(costs)
     return [Outcome(True, value=output) for output in output_list]
+
+
+def _failure_of(exc: Exception, costs: list[int], oom: OomGuard | None) -> Failure:
+    """The failure an exception means; an out-of-memory error also teaches ``oom`` its cap."""
+    if oom is None or not oom.matches(exc):
+        return Failure.from_exception(exc)
+    cost = oom.on_oom(costs)
+    logger.warning("out of memory on a batch of %d items (cost %d); cost cap now %s", len(costs), cost, oom.cap.value)
+    return Failure(type(exc).__name__, f"out of memory on this item alone (cost {cost}): {exc}")
 
 
 class BatchItem(Protocol):
@@ -233,16 +334,21 @@ def answer_batch(
     now: float | None = None,
     observe: BatchObserver | None = None,
     hint: BatchHint | None = None,
+    oom: OomGuard | None = None,
+    costs: Sequence[int] | None = None,
 ) -> list[tuple[I, Outcome[Any]]]:
     """Run the items whose deadline is still ahead; the others are answered as expired.
 
-    ``hint``, when given, learns the batch's size and predict time (see collect_batch).
+    ``hint``, when given, learns the batch's size and predict time (see collect_batch);
+    ``oom`` recovers from out-of-memory errors (see predict_isolated) with the items' ``costs``.
     """
     now = time.time() if now is None else now
+    costs = list(costs) if costs is not None else [1] * len(items)
     live = [item for item in items if item.deadline > now]
+    live_costs = [cost for item, cost in zip(items, costs) if item.deadline > now]
     expired = [item for item in items if item.deadline <= now]
     started = time.perf_counter()
-    outcomes = predict_isolated(predict, [item.payload for item in live])
+    outcomes = predict_isolated(predict, [item.payload for item in live], live_costs, oom)
     if live:
         seconds = time.perf_counter() - started
         failed = sum(not outcome.ok for outcome in outcomes)

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import BaseStreamer
-from .batching import BatchHint, BatchPolicy, BatchStats, Outcome, answer_batch, collect_batch
+from .batching import Batcher, BatchPolicy, BatchStats, Outcome, answer_batch
+from .costing import CostBudget, CostFunction, CostModel, OomGuard, oom_error_types, safe_cost
 from .errors import ConfigError, Overloaded, WorkerStartupError
 from .future import Future
-from .model import ModelSpec, Predictor, load_predictor, model_ref
+from .model import ModelSpec, Predictor, load_predictor, model_costing, model_ref
 from .placement import child_environment, pin_process_to, round_robin
 
 logger = logging.getLogger(__name__)
@@ -58,19 +59,31 @@ def serve_queue(
     deliver: Callable[[list[tuple[LocalItem, Outcome[Any]]]], None],
     stats: BatchStats,
     peers: int = 1,
+    cost: CostFunction | None = None,
 ) -> None:
     """Answer batches from ``source`` until a None item (the stop signal) arrives.
 
-    ``peers``: how many consumers (this one included) serve the same source.
+    ``peers``: how many consumers (this one included) serve the same source. ``cost``: the
+    cost of an input (the model's own ``cost()`` when it defines one).
     """
-    hint = BatchHint(peers=peers)
+    model_cost, oom_errors = model_costing(predict)
+    cost = cost or model_cost
+    oom = OomGuard(oom_error_types(oom_errors), cost_model=policy.cost.cost_model)
+    batcher: Batcher[LocalItem | None] = Batcher(policy, _local_cost(cost) if cost else None, oom, peers)
     while True:
-        batch = collect_batch(source, policy, _IDLE_WAIT, hint=hint)
+        batch, costs = batcher.next_batch(source, _IDLE_WAIT)
         items = [item for item in batch if item is not None]
         if items:
-            deliver(answer_batch(predict, items, stats, hint=hint))
+            item_costs = [c for item, c in zip(batch, costs) if item is not None]
+            deliver(answer_batch(predict, items, stats, hint=batcher.hint, oom=batcher.oom, costs=item_costs))
         if len(items) < len(batch):
             return
+
+
+def _local_cost(cost: CostFunction) -> Callable[[LocalItem | None], int]:
+    """The cost of a queued item (the stop signal costs 1)."""
+    checked = safe_cost(cost)
+    return lambda item: 1 if item is None else checked(item.payload)
 
 
 class _LocalStreamer(BaseStreamer):
@@ -114,13 +127,16 @@ class ThreadedStreamer(_LocalStreamer):
         timeout: float | None = None,
         max_queue: int = 0,
         adaptive: bool = True,
+        cost: CostFunction | None = None,
+        max_batch_cost: int | None = None,
+        cost_model: CostModel | str = CostModel.PADDED,
     ) -> None:
         super().__init__(timeout if timeout is not None else worker_timeout, max_queue)
-        self.policy = BatchPolicy(batch_size, max_latency, adaptive)
+        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=CostBudget(max_batch_cost, cost_model))
         self._queue: queue.Queue[LocalItem | None] = queue.Queue()
         self._thread = threading.Thread(
             target=serve_queue,
-            args=(QueueSource(self._queue), self.policy, predict_function, self._deliver, self.stats),
+            args=(QueueSource(self._queue), self.policy, predict_function, self._deliver, self.stats, 1, cost),
             name="rstreamer-model", daemon=True,
         )
         self._thread.start()
@@ -149,7 +165,7 @@ class ThreadedStreamer(_LocalStreamer):
 
 def _process_worker_main(
     model: ModelSpec, gpu_id: int | None, init_args: Any, init_kwargs: Any,
-    policy: BatchPolicy, inbox: Any, outbox: Any, slot: int, peers: int = 1,
+    policy: BatchPolicy, inbox: Any, outbox: Any, slot: int, peers: int = 1, cost: CostFunction | None = None,
 ) -> None:
     pin_process_to(gpu_id)
     try:
@@ -164,7 +180,7 @@ def _process_worker_main(
         outbox.put(("results", slot, [(item.task, item.index, outcome) for item, outcome in results]))
 
     stats = BatchStats()
-    serve_queue(QueueSource(inbox), policy, predict, deliver, stats, peers)
+    serve_queue(QueueSource(inbox), policy, predict, deliver, stats, peers, cost)
     outbox.put(("stats", slot, stats))
 
 
@@ -191,11 +207,14 @@ class Streamer(_LocalStreamer):
         max_queue: int = 0,
         adaptive: bool = True,
         ready_timeout: float = 300.0,
+        cost: CostFunction | None = None,
+        max_batch_cost: int | None = None,
+        cost_model: CostModel | str = CostModel.PADDED,
     ) -> None:
         super().__init__(timeout, max_queue)
         if mp_start_method not in multiprocessing.get_all_start_methods():
             raise ConfigError(f"unknown mp_start_method {mp_start_method!r}")
-        self.policy = BatchPolicy(batch_size, max_latency, adaptive)
+        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=CostBudget(max_batch_cost, cost_model))
         context = multiprocessing.get_context(mp_start_method)
         self._inbox = context.Queue()
         self._outbox = context.Queue()
@@ -211,7 +230,7 @@ class Streamer(_LocalStreamer):
             process = context.Process(
                 target=_process_worker_main,
                 args=(model, gpu, model_init_args, model_init_kwargs, self.policy, self._inbox, self._outbox, slot,
-                      worker_num),
+                      worker_num, cost),
                 name=f"rstreamer-worker-{slot}", daemon=True,
             )
             with child_environment(gpu):

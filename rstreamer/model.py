@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
+from .costing import CostFunction
 from .errors import ConfigError
 
 
@@ -17,6 +18,10 @@ class ManagedModel:
     (a batch in, one output per input out). ``gpu_id`` is the device index the process was
     placed on, or None on CPU; ``CUDA_VISIBLE_DEVICES`` is already set when it is built.
     """
+
+    oom_errors: tuple[type[BaseException], ...] = ()
+    """Exceptions that mean "out of memory" besides torch's: the worker splits the batch and
+    learns a lower cost cap instead of failing the callers."""
 
     def __init__(self, gpu_id: int | None = None) -> None:
         self.model: Any = None
@@ -36,6 +41,14 @@ class ManagedModel:
     def predict(self, batch: list[Any]) -> list[Any]:
         """Return one output per item of ``batch``, in order."""
         raise NotImplementedError
+
+    def cost(self, item: Any) -> int:
+        """What one input costs the model (e.g. its number of tokens), an integer >= 1.
+
+        Override it to batch by cost: batches then close on ``max_batch_cost`` too, and items
+        of similar cost batch together. The default, 1, batches by count.
+        """
+        return 1
 
 
 Predictor = Callable[[list[Any]], Sequence[Any]]
@@ -102,3 +115,14 @@ def load_predictor(
             raise ConfigError("model init args need a ManagedModel class, not a plain function")
         return target  # type: ignore[no-any-return]
     raise ConfigError(f"{model!r} is neither a ManagedModel class nor a batch function")
+
+
+def model_costing(predict: Predictor) -> tuple[CostFunction | None, tuple[type[BaseException], ...]]:
+    """The cost function (None when the model does not define one) and extra out-of-memory
+    errors of the ManagedModel behind ``predict``; ``(None, ())`` for a plain function."""
+    owner = getattr(predict, "__self__", None)
+    if not isinstance(owner, ManagedModel):
+        return None, ()
+    cost = owner.cost if type(owner).cost is not ManagedModel.cost else None
+    return cost, tuple(owner.oom_errors)
+
