@@ -321,6 +321,8 @@ class BatchStats:
     items: int = 0
     errors: int = 0
     expired: int = 0
+    cost_cap: int | None = None
+    """The batch cost out-of-memory errors taught (None: none so far)."""
 
 
 BatchObserver = Callable[[int, float, int], None]
@@ -360,5 +362,7 @@ def answer_batch(
             observe(len(live), seconds, failed)
         if hint is not None:
             hint.update(len(live), seconds)
+        if oom is not None:
+            stats.cost_cap = oom.cap.value
     stats.expired += len(expired)
     return list(zip(live, outcomes)) + [(item, EXPIRED) for item in expired]

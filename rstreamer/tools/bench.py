@@ -835,6 +835,16 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``rstreamer bench [cost] ...``: every transport side by side, or the cost-batching bench."""
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    if argv[:1] == ["cost"]:
+        from .bench_cost import main as cost_main
+
+        return cost_main(argv[1:])
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the table; write JSON and a PNG plot. 0 unless a call failed."""
     args = parse_args(argv)
     if not _compare_available(args):
