@@ -58,7 +58,7 @@ class AsyncRedisStreamer:
         self.settings, self.url, self.keys = self.calls.settings, self.calls.url, self.calls.keys
         self.redis = create_async_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                         max_connections=max_connections)
-        self._enqueue_script = self.redis.register_script(lua.ENQUEUE)
+        self._enqueue_script = self.redis.register_script(lua.ENQUEUE_CALLS)
         self._poppers: set[asyncio.Task[None]] = set()
 
     async def submit(self, batch: list[Any], timeout: float | None = None) -> AsyncFuture:

@@ -18,6 +18,7 @@ from . import codec
 from .connection import broker_errors, normalize_broker_url
 from .errors import EncodeError, Overloaded
 from .keys import Keys
+from .messages import Admission, QueueLimits, enqueue_args
 from .settings import ClientSettings, redis_url_from_env
 
 # A blocked BLPOP returns at least this often so that a vanished server is noticed within
@@ -111,35 +112,32 @@ class CallFactory:
         return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
                     time.monotonic() + timeout)
 
-    # The arguments of the two ENQUEUE scripts (lua.ENQUEUE, lua.ENQUEUE_CALLS) are built here
-    # and nowhere else.
+    # The arguments of the ENQUEUE_CALLS script are built by messages.enqueue_args (the wire
+    # format) from what these two methods give it, and nowhere else.
+
+    @property
+    def limits(self) -> QueueLimits:
+        return QueueLimits(self.settings.max_queue, self.settings.max_queue_bytes, self.keys.group)
 
     def enqueue_args(self, call: Call) -> dict[str, list[Any]]:
-        """Arguments of the ENQUEUE script for ``call``."""
-        return {
-            "keys": [self.keys.requests],
-            "args": [self.settings.max_queue, self.keys.group, call.token, int(call.deadline * 1000), *call.payloads],
-        }
+        """Arguments of the ENQUEUE_CALLS script for ``call`` alone."""
+        return self.enqueue_calls_args([call])
 
     def enqueue_calls_args(self, calls: Sequence[Call]) -> dict[str, list[Any]]:
         """Arguments of the ENQUEUE_CALLS script for ``calls``, sent under the first one's token."""
-        shapes: list[Any] = []
-        payloads: list[bytes] = []
-        for call in calls:
-            # Each call keeps its own deadline, so an item never runs after its caller gave up.
-            shapes += [len(call.payloads), int(call.deadline * 1000)]
-            payloads += call.payloads
-        args = [self.settings.max_queue, self.keys.group, calls[0].token, len(calls), *shapes, *payloads]
-        return {"keys": [self.keys.requests], "args": args}
+        # Each call keeps its own deadline, so an item never runs after its caller gave up.
+        shapes = [(call.payloads, call.deadline) for call in calls]
+        return {"keys": [self.keys.requests], "args": enqueue_args(self.limits, calls[0].token, shapes, time.time())}
 
-    def overloaded(self) -> Overloaded:
-        """The error of a call refused because the queue is full."""
-        return Overloaded(f"queue of prefix {self.keys.prefix!r} is full ({self.settings.max_queue} items waiting)")
+    def overloaded(self, admission: Admission) -> Overloaded:
+        """The error of a call the ENQUEUE_CALLS script refused, saying why."""
+        return admission.error(self.keys.prefix, self.limits)
 
-    def check_enqueued(self, added: int) -> None:
-        """Raise Overloaded when the ENQUEUE script refused the call."""
-        if added == -1:
-            raise self.overloaded()
+    def check_enqueued(self, reply: Sequence[Any]) -> None:
+        """Raise Overloaded when the ENQUEUE_CALLS script refused the call."""
+        admission = Admission.parse(reply)
+        if admission.accepted < 1:
+            raise self.overloaded(admission)
 
 
 @contextlib.contextmanager

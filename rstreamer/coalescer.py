@@ -28,6 +28,7 @@ from . import lua
 from .batching import Outcome
 from .calls import MAX_CONNECTIONS, CallFactory, blpop_block, call_errors, retry_pause
 from .errors import BrokerUnavailable, DecodeError
+from .messages import Admission
 from .replies import decode_reply, undecodable
 
 if TYPE_CHECKING:
@@ -239,13 +240,14 @@ class Coalescer:
         try:
             # Not retried: a retry after a read timeout would enqueue the items twice.
             with call_errors(self._url):
-                accepted = int(self._script(**self._calls.enqueue_calls_args([t.future.call for t in taken])))
+                admission = Admission.parse(self._script(**self._calls.enqueue_calls_args([t.future.call for t in taken])))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
             self._settle(taken, 0, exc)
             if not isinstance(exc, Exception):
                 raise
             return None
-        self._settle(taken, accepted, self._calls.overloaded())
+        accepted = admission.accepted
+        self._settle(taken, accepted, self._calls.overloaded(admission))
         return ReplyGroup(taken[0].future.call.reply_key, taken[:accepted]) if accepted else None
 
     def _settle(self, taken: list[Ticket], accepted: int, refusal: BaseException) -> None:

@@ -1,52 +1,63 @@
 """Every Lua script rstreamer runs, in one place."""
 from __future__ import annotations
 
-# KEYS[1] request stream. ARGV: max_queue (0 = no limit), group, token, deadline_ms, payload...
-# Returns the number of items added, or -1 when the undelivered backlog is at max_queue.
-# Check and add happen in one script so that concurrent callers cannot overshoot the limit.
-ENQUEUE = """
-local max_queue = tonumber(ARGV[1])
-if max_queue > 0 then
-  local backlog = redis.call('XLEN', KEYS[1])
-  local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[2])
-  if ok then backlog = backlog - pending[1] end
-  if backlog >= max_queue then return -1 end
-end
-for i = 5, #ARGV do
-  redis.call('XADD', KEYS[1], '*', 't', ARGV[3], 'i', i - 5, 'd', ARGV[4], 'p', ARGV[i])
-end
-return #ARGV - 4
-"""
-
-# ENQUEUE for several calls coalesced by one client under one token. KEYS[1] request stream.
-# ARGV: max_queue (0 = no limit), group, token, number of calls n, then n pairs (item count,
-# deadline_ms), then the payloads of every call in order. Each call is checked as ENQUEUE
-# would check it alone, one after another: once the undelivered backlog is at max_queue, that
-# call and the ones after it are refused. Items are numbered across the calls. Returns the
-# number of calls accepted (the first ones).
+# Admission and enqueue of the calls one client sends under one token (messages.enqueue_args
+# builds the arguments, messages.Admission reads the reply). KEYS[1] request stream.
+# ARGV: max_queue (items, 0 = no limit), max_queue_bytes (0 = no limit), admit_wait_permille,
+# group, token, wire version, number of calls n, then n triples (item count, remaining timeout
+# in ms, deadline on the client's wall clock in ms), then the payloads of every call in order.
+# Each call is checked as if it came alone, one after another; the first one refused and the
+# ones after it are not added, and the reply says why: {accepted, reason, detail} with reason
+# 0 none, 1 undelivered backlog at max_queue (detail: items), 2 the stream's memory would exceed
+# max_queue_bytes (detail: bytes), 3 the oldest undelivered entry has waited more than
+# admit_wait_permille/1000 of the call's remaining timeout, so that a new item would not run in
+# time (detail: its age in ms, on the server's clock like every entry id). Items are numbered
+# across the calls. Check and add are one script, so concurrent callers cannot overshoot.
 ENQUEUE_CALLS = """
-local max_queue = tonumber(ARGV[1])
-local calls = tonumber(ARGV[4])
-local backlog = 0
-if max_queue > 0 then
+local max_queue, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
+local permille, group, token, version = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local calls = tonumber(ARGV[7])
+local backlog, queued_bytes, oldest_ms = 0, 0, nil
+if redis.call('EXISTS', KEYS[1]) == 1 then
   backlog = redis.call('XLEN', KEYS[1])
-  local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[2])
-  if ok then backlog = backlog - pending[1] end
+  local first = '-'
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local info = {}
+    for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+    if info['name'] == group then
+      backlog = backlog - info['pending']
+      first = '(' .. info['last-delivered-id']
+    end
+  end
+  if backlog > 0 then
+    local head = redis.call('XRANGE', KEYS[1], first, '+', 'COUNT', 1)
+    if head[1] then oldest_ms = tonumber(string.match(head[1][1], '^(%d+)')) end
+  end
+  if max_bytes > 0 then queued_bytes = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', 0) end
 end
-local payload = 5 + 2 * calls
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local age = 0
+if oldest_ms then age = math.max(0, now_ms - oldest_ms) end
+local payload = 8 + 3 * calls
 local index = 0
 for c = 1, calls do
-  if max_queue > 0 and backlog >= max_queue then return c - 1 end
-  local size = tonumber(ARGV[3 + 2 * c])
-  local deadline = ARGV[4 + 2 * c]
+  local size, remaining, deadline = tonumber(ARGV[5 + 3 * c]), ARGV[6 + 3 * c], ARGV[7 + 3 * c]
+  local bytes = 0
+  for k = payload, payload + size - 1 do bytes = bytes + #ARGV[k] end
+  if max_queue > 0 and backlog >= max_queue then return {c - 1, 1, backlog} end
+  if max_bytes > 0 and queued_bytes + bytes > max_bytes then return {c - 1, 2, queued_bytes} end
+  if age * 1000 > permille * tonumber(remaining) then return {c - 1, 3, age} end
   for _ = 1, size do
-    redis.call('XADD', KEYS[1], '*', 't', ARGV[3], 'i', index, 'd', deadline, 'p', ARGV[payload])
+    redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
+               'd', deadline, 'p', ARGV[payload])
     index = index + 1
     payload = payload + 1
   end
   backlog = backlog + size
+  queued_bytes = queued_bytes + bytes
 end
-return calls
+return {calls, 0, 0}
 """
 
 # KEYS[1] workers hash. ARGV: consumer name, JSON info, key TTL in ms.

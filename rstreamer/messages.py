@@ -1,41 +1,76 @@
-"""The wire format between clients and workers: request entries and reply messages.
+"""The wire format between clients and workers: request entries, admission and reply messages.
 
-A request entry holds the caller's reply token (``<client>:<task>``, never a key name), the
-item's index in the caller's batch, its absolute deadline (ms since the epoch; a Request holds it in seconds) and the
-msgpack payload. A reply message is a msgpack list of ``[index, ok, value_or_error]``.
+Every entry and every reply carries a wire version. A worker reads entries of the current
+version and of the previous one and answers each in the version it came in; a client reads
+replies of both. An entry of an unknown version is answered with a clear error.
+
+Request entry, version 2 (stream fields)::
+
+    v  b"2"
+    t  reply token ``<client>:<task>`` (never a key name)
+    i  index of the item in the caller's batch
+    r  the call's remaining timeout in ms when it was enqueued; the deadline is the entry id's
+       ms (the Redis server's clock at XADD) plus ``r``, so no host clock is ever compared
+    d  the same deadline on the client's wall clock (epoch ms), read only by version-1 workers
+    p  the item, msgpack
+
+Version 1 (rstreamer before the wire version) has no ``v`` and no ``r``: ``d`` is the deadline.
+
+Reply message, version 2: a msgpack map ``{"v": 2, "r": rows}`` whose rows are ``[index, True,
+bin]`` (``bin``: the output, msgpack-encoded on its own, so that a client that cannot decode
+one output fails only that item) or ``[index, False, [type, message, kind]]``. Version 1: the
+bare list of rows with the outputs inline. The worker checks that each output decodes within
+the client's limits and splits replies so that no message exceeds them.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import struct
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from . import codec
 from .batching import Failure, Outcome
-from .errors import DecodeError, EncodeError
+from .errors import DecodeError, EncodeError, Overloaded
 from .keys import is_reply_token
 
-TOKEN, INDEX, DEADLINE, PAYLOAD = b"t", b"i", b"d", b"p"
+WIRE_VERSION = 2
+PREVIOUS_VERSION = 1
+VERSION, TOKEN, INDEX, REMAINING, DEADLINE, PAYLOAD = b"v", b"t", b"i", b"r", b"d", b"p"
+ROWS = "r"
+
+ADMIT_WAIT_FRACTION = 0.5
+"""A call is refused at once when the oldest undelivered item of its prefix has waited more than
+this fraction of the call's timeout: a new item would wait about as long, and then run."""
+
+REPLY_GRACE = 1.0
+"""Seconds a reply outlives its caller's deadline (the caller's own clock started a bit earlier)."""
+
+_ENVELOPE = 1024  # bytes a reply message may need beyond its outputs (headers, indexes, errors)
 
 
 @dataclass(frozen=True)
 class Request:
-    """One item as a worker sees it."""
+    """One item as a worker sees it; ``deadline`` is in seconds on the Redis server's clock."""
 
     entry_id: bytes
     token: str
     index: int
     deadline: float
     payload: Any
+    version: int = WIRE_VERSION
 
 
 class MalformedEntry(DecodeError):
     """A stream entry that is not a valid request; ``token`` is set when it was readable."""
 
-    def __init__(self, reason: str, token: str | None = None, index: int = 0) -> None:
+    def __init__(self, reason: str, token: str | None = None, index: int = 0, version: int = WIRE_VERSION) -> None:
         super().__init__(reason)
         self.token = token
         self.index = index
+        self.version = version
 
 
 def reply_address(fields: Mapping[bytes, bytes] | None) -> tuple[str, int] | None:
@@ -52,64 +87,236 @@ def reply_address(fields: Mapping[bytes, bytes] | None) -> tuple[str, int] | Non
         return None
 
 
-def parse_request(entry_id: bytes, fields: Mapping[bytes, bytes] | None, max_bytes: int) -> Request:
-    """Validate and decode one stream entry; raises MalformedEntry."""
+def entry_version(fields: Mapping[bytes, bytes] | None) -> int | None:
+    """The wire version of an entry: 1 without a ``v`` field, None when ``v`` is not a number."""
+    raw = (fields or {}).get(VERSION)
+    if raw is None:
+        return PREVIOUS_VERSION
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def reply_version(fields: Mapping[bytes, bytes] | None) -> int:
+    """The version to answer an entry in: its own when this worker speaks it, else the current one."""
+    version = entry_version(fields)
+    return version if version in (PREVIOUS_VERSION, WIRE_VERSION) else WIRE_VERSION
+
+
+def entry_time(entry_id: bytes) -> float:
+    """The Redis server's time (s) when the entry was added: the ms part of its id."""
+    return int(entry_id.split(b"-", 1)[0]) / 1000
+
+
+def parse_request(
+    entry_id: bytes, fields: Mapping[bytes, bytes] | None, max_bytes: int, wall_to_server: float = 0.0
+) -> Request:
+    """Validate and decode one stream entry; raises MalformedEntry.
+
+    ``wall_to_server`` (s) turns this host's wall clock into Redis's; it is used only for a
+    version-1 entry, whose deadline is on the client's wall clock (assumed to be this host's).
+    """
     address = reply_address(fields)
     if fields is None or address is None:
         raise MalformedEntry("missing or invalid reply token or index")
     token, index = address
+    version = entry_version(fields)
+    if version not in (PREVIOUS_VERSION, WIRE_VERSION):
+        raise MalformedEntry(
+            f"wire version {fields[VERSION]!r} is not spoken by this worker (versions {PREVIOUS_VERSION}-"
+            f"{WIRE_VERSION}): upgrade the workers before the web fleet", token, index)
     try:
-        deadline_ms = int(fields[DEADLINE])
+        if version == WIRE_VERSION:
+            deadline = entry_time(entry_id) + int(fields[REMAINING]) / 1000
+        else:
+            deadline = int(fields[DEADLINE]) / 1000 + wall_to_server
     except (KeyError, ValueError):
-        raise MalformedEntry("missing or invalid deadline", token, index) from None
+        raise MalformedEntry("missing or invalid deadline", token, index, version) from None
     if PAYLOAD not in fields:
-        raise MalformedEntry("missing payload", token, index)
+        raise MalformedEntry("missing payload", token, index, version)
     try:
         payload = codec.unpackb(fields[PAYLOAD], max_bytes=max_bytes)
     except DecodeError as exc:
-        raise MalformedEntry(f"undecodable payload: {exc}", token, index) from None
-    return Request(entry_id, token, index, deadline_ms / 1000, payload)
+        raise MalformedEntry(f"undecodable payload: {exc}", token, index, version) from None
+    return Request(entry_id, token, index, deadline, payload, version)
 
 
-def _result_row(index: int, outcome: Outcome[Any]) -> list[Any]:
-    if outcome.ok:
-        return [index, True, outcome.value]
-    failure = outcome.failure or Failure("Error", "unknown failure")
+# admission (the ENQUEUE_CALLS script) ------------------------------------------------------
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """What the ENQUEUE_CALLS script checks before it adds a call (0 disables a bound)."""
+
+    max_queue: int
+    max_queue_bytes: int
+    group: str
+
+
+def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence[bytes], float]],
+                 now: float) -> list[Any]:
+    """ARGV of ENQUEUE_CALLS for ``calls`` of one token, each ``(payloads, deadline)``.
+
+    ``deadline`` and ``now`` are on this host's wall clock; the entries carry the remaining
+    timeout, which the workers count from the entry id (Redis's clock).
+    """
+    shapes: list[int] = []
+    payloads: list[bytes] = []
+    for call_payloads, deadline in calls:
+        shapes += [len(call_payloads), max(0, int((deadline - now) * 1000)), int(deadline * 1000)]
+        payloads += call_payloads
+    return [limits.max_queue, limits.max_queue_bytes, int(ADMIT_WAIT_FRACTION * 1000), limits.group,
+            token, WIRE_VERSION, len(calls), *shapes, *payloads]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The ENQUEUE_CALLS reply: how many calls (the first ones) were added, and why the next was not."""
+
+    accepted: int
+    reason: int = 0
+    detail: int = 0
+
+    @classmethod
+    def parse(cls, reply: Sequence[Any]) -> Admission:
+        accepted, reason, detail = (int(value) for value in reply)
+        return cls(accepted, reason, detail)
+
+    def error(self, prefix: str, limits: QueueLimits) -> Overloaded:
+        """The Overloaded error of the refused calls."""
+        why = {
+            1: f"{self.detail} items wait undelivered (max_queue={limits.max_queue})",
+            2: f"its request stream holds {self.detail} bytes (max_queue_bytes={limits.max_queue_bytes})",
+            3: (f"the oldest waiting item has waited {self.detail / 1000:.1f}s, so this call would not "
+                f"finish within its timeout"),
+        }.get(self.reason, "the queue is full")
+        return Overloaded(f"prefix {prefix!r} is overloaded: {why}")
+
+
+# replies --------------------------------------------------------------------------------
+
+def _failure_row(index: int, failure: Failure) -> list[Any]:
     return [index, False, [failure.type, failure.message, failure.kind]]
 
 
-def pack_results(results: Iterable[tuple[int, Outcome[Any]]]) -> bytes:
-    """Encode results for one reply key; an output that cannot be encoded fails alone."""
-    rows = [_result_row(index, outcome) for index, outcome in results]
+def _encoded_output(value: Any, max_bytes: int) -> bytes | Failure:
+    """``value`` encoded, or why a client could not receive it: it must decode within the limits."""
     try:
-        return codec.packb(rows)
-    except EncodeError:
-        pass
-    safe_rows = []
-    for row in rows:
-        try:
-            codec.packb(row[2])
-            safe_rows.append(row)
-        except EncodeError as exc:
-            safe_rows.append([row[0], False, ["EncodeError", f"model output cannot be sent: {exc}", "remote"]])
-    return codec.packb(safe_rows)
+        data = codec.packb(value)
+    except EncodeError as exc:
+        return Failure("EncodeError", f"model output cannot be sent: {exc}")
+    try:
+        codec.unpackb(data, max_bytes=max_bytes)
+    except DecodeError as exc:
+        return Failure("EncodeError", f"model output would not decode on the client: {exc}")
+    return data
+
+
+def _bin_header(size: int) -> bytes:
+    """The msgpack header of a bin of ``size`` bytes (msgpack-python has no packer for it alone)."""
+    if size < 1 << 8:
+        return b"\xc4" + struct.pack(">B", size)
+    if size < 1 << 16:
+        return b"\xc5" + struct.pack(">H", size)
+    return b"\xc6" + struct.pack(">I", size)
+
+
+def _row_bytes(index: int, outcome: Outcome[Any], version: int, max_bytes: int) -> bytes:
+    """One reply row, msgpack-encoded."""
+    if outcome.ok:
+        output = _encoded_output(outcome.value, max_bytes - _ENVELOPE)
+        if isinstance(output, bytes):
+            head = msgpack.packb(index) + msgpack.packb(True)
+            if version != PREVIOUS_VERSION:
+                head += _bin_header(len(output))
+            return b"\x93" + head + output  # 0x93: an array of three
+        failure = output
+    else:
+        failure = outcome.failure or Failure("Error", "unknown failure")
+    return codec.packb(_failure_row(index, failure))
+
+
+def _message(rows: list[bytes], version: int) -> bytes:
+    packer = msgpack.Packer()
+    body = packer.pack_array_header(len(rows)) + b"".join(rows)
+    if version == PREVIOUS_VERSION:
+        return body
+    return packer.pack_map_header(2) + packer.pack("v") + packer.pack(version) + packer.pack(ROWS) + body
+
+
+def pack_results(results: Iterable[tuple[int, Outcome[Any]]], version: int = WIRE_VERSION,
+                 max_bytes: int = codec.DEFAULT_MAX_BYTES) -> list[bytes]:
+    """Reply messages for one reply key, in ``version``.
+
+    An output that cannot be encoded, or that the client could not decode within ``max_bytes``
+    (its decode limit), fails alone; rows are split over several messages so that none
+    exceeds ``max_bytes``.
+    """
+    messages: list[bytes] = []
+    rows: list[bytes] = []
+    size = _ENVELOPE
+    for index, outcome in results:
+        row = _row_bytes(index, outcome, version, max_bytes)
+        if rows and size + len(row) > max_bytes:
+            messages.append(_message(rows, version))
+            rows, size = [], _ENVELOPE
+        rows.append(row)
+        size += len(row)
+    if rows:
+        messages.append(_message(rows, version))
+    return messages
+
+
+def reply_ttl_ms(floor: float, deadlines: Iterable[float], now: float) -> int:
+    """How long a reply key lives: until its last caller's deadline has passed, at least ``floor`` s."""
+    latest = max(deadlines, default=now)
+    return int(max(floor, latest - now + REPLY_GRACE) * 1000)
+
+
+def _decode_output(item: Any, version: int, max_bytes: int) -> Outcome[Any]:
+    if version == PREVIOUS_VERSION:
+        return Outcome(True, value=item)
+    if not isinstance(item, bytes):
+        raise DecodeError("malformed output in reply row")
+    try:
+        return Outcome(True, value=codec.unpackb(item, max_bytes=max_bytes))
+    except DecodeError as exc:
+        return Outcome(False, failure=Failure("DecodeError", f"the output cannot be decoded: {exc}"))
+
+
+def _reply_rows(message: Any) -> tuple[int, list[Any]]:
+    """The version and rows of a decoded reply message."""
+    if isinstance(message, list):
+        return PREVIOUS_VERSION, message
+    if not isinstance(message, dict):
+        raise DecodeError("reply is not a list or a map")
+    version = message.get("v")
+    if version not in (PREVIOUS_VERSION, WIRE_VERSION):
+        raise DecodeError(f"reply of wire version {version!r}; this client reads versions "
+                          f"{PREVIOUS_VERSION}-{WIRE_VERSION}: upgrade the web fleet")
+    rows = message.get(ROWS)
+    if not isinstance(rows, list):
+        raise DecodeError("reply has no rows")
+    return version, rows
+
+
+def _failure_of(value: Any) -> Outcome[Any]:
+    if not (isinstance(value, list) and len(value) >= 2):
+        raise DecodeError("malformed failure in reply row")
+    kind = value[2] if len(value) > 2 else "remote"
+    return Outcome(False, failure=Failure(str(value[0]), str(value[1]), str(kind)))
 
 
 def unpack_results(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> list[tuple[int, Outcome[Any]]]:
-    """Decode one reply message into ``(index, Outcome)`` pairs."""
-    rows = codec.unpackb(data, max_bytes=max_bytes)
-    if not isinstance(rows, list):
-        raise DecodeError("reply is not a list")
+    """Decode one reply message (version 1 or 2) into ``(index, Outcome)`` pairs.
+
+    In a version-2 reply, an output that cannot be decoded fails only its own item.
+    """
+    version, rows = _reply_rows(codec.unpackb(data, max_bytes=max_bytes))
     results = []
     for row in rows:
         if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], int)):
             raise DecodeError("malformed reply row")
         index, ok, value = row
-        if ok:
-            results.append((index, Outcome(True, value=value)))
-        else:
-            if not (isinstance(value, list) and len(value) >= 2):
-                raise DecodeError("malformed failure in reply row")
-            kind = value[2] if len(value) > 2 else "remote"
-            results.append((index, Outcome(False, failure=Failure(str(value[0]), str(value[1]), str(kind)))))
+        results.append((index, _decode_output(value, version, max_bytes) if ok else _failure_of(value)))
     return results

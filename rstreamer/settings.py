@@ -49,16 +49,21 @@ class ClientSettings(_EnvSettings):
 
     timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``).
     max_queue: refuse new work while this many items wait undelivered; 0 disables.
+    max_queue_bytes: refuse new work that would make the prefix's request stream hold more
+        than this many bytes in Redis (``RSTREAMER_MAX_QUEUE_BYTES``); 0 disables. Keep it well
+        under Redis's maxmemory.
     max_item_bytes: largest encoded item a call may send.
     """
 
     timeout: float = 20.0
     max_queue: int = 10_000
+    max_queue_bytes: int = 256 * 1024 * 1024
     max_item_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         _positive("timeout", self.timeout)
         _positive("max_queue", self.max_queue, allow_zero=True)
+        _positive("max_queue_bytes", self.max_queue_bytes, allow_zero=True)
         _positive("max_item_bytes", self.max_item_bytes)
 
 
@@ -72,7 +77,7 @@ class WorkerSettings(_EnvSettings):
     dead_after: float = 2.0
     reclaim_interval: float = 0.5
     max_deliveries: int = 3
-    reply_ttl: float = 60.0
+    reply_ttl: float = 60.0  # at least; a reply lives until its caller's deadline has passed
     idle_block: float = 1.0
     drain_timeout: float = 30.0
     max_item_bytes: int = 16 * 1024 * 1024

@@ -21,7 +21,10 @@ from .batching import (
 from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .keys import Keys
 from .liveness import Heartbeat, live_workers, read_workers
-from .messages import MalformedEntry, Request, pack_results, parse_request, reply_address
+from .clock import ServerClock
+from .messages import (
+    WIRE_VERSION, MalformedEntry, Request, pack_results, parse_request, reply_address, reply_ttl_ms, reply_version,
+)
 from .model import ModelSpec, Predictor, load_predictor
 from .reclaim import Reclaimer, plan_reclaim
 from .settings import WorkerSettings, redis_url_from_env
@@ -39,6 +42,8 @@ class Answer:
     token: str
     index: int
     outcome: Outcome[Any]
+    version: int = WIRE_VERSION  # the reply goes out in the version of the entry
+    deadline: float = 0.0  # the caller's, on the server's clock: the reply lives until then
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class RedisWorker:
         )
         self._next_reclaim = 0.0
         self._hint = BatchHint()
+        self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
 
     def _info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
@@ -204,7 +210,9 @@ class RedisWorker:
     def _count_peers(self) -> None:
         """Count the live workers of the prefix: with peers, a burst is split between the idle
         ones and an under-filled batch lingers (see BatchHint)."""
+        sent = time.monotonic()
         now_ms, workers = read_workers(self._redis, self.keys)
+        self._clock.observe(now_ms, sent, time.monotonic())
         self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
 
     def _back_off(self, reason: str) -> None:
@@ -219,26 +227,29 @@ class RedisWorker:
         dead: list[DeadLetter] = []
         for entry_id, fields in entries:
             try:
-                requests.append(parse_request(entry_id, fields, self.settings.max_item_bytes))
+                requests.append(parse_request(entry_id, fields, self.settings.max_item_bytes,
+                                              self._clock.wall_to_server()))
             except MalformedEntry as exc:
                 logger.warning("worker %s: malformed entry %s dead-lettered: %s", self.name, entry_id.decode(), exc)
                 dead.append(DeadLetter(entry_id, fields, f"malformed: {exc}"))
                 if exc.token:
-                    answers.append(Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead")))
-        ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint)
-        answers += [Answer(request.token, request.index, outcome) for request, outcome in ran]
+                    answers.append(Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead"), exc.version))
+        ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
+                           hint=self._hint)
+        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
         self._finish(answers, dead, [entry_id for entry_id, _ in entries])
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:
         """Replies, dead letters, XACK and XDEL in one MULTI: no reply without its ack."""
-        by_reply: dict[str, list[tuple[int, Outcome[Any]]]] = defaultdict(list)
+        by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
-            by_reply[self.keys.reply(answer.token)].append((answer.index, answer.outcome))
+            by_reply[self.keys.reply(answer.token)].append(answer)
         pipe = self._redis.pipeline(transaction=True)
-        reply_ttl_ms = int(self.settings.reply_ttl * 1000)
-        for reply_key, rows in by_reply.items():
-            pipe.rpush(reply_key, pack_results(rows))
-            pipe.pexpire(reply_key, reply_ttl_ms)
+        now = self._clock.now()
+        for reply_key, replies in by_reply.items():
+            # One token is one client, which speaks one version.
+            pipe.rpush(reply_key, *pack_results([(a.index, a.outcome) for a in replies], replies[0].version))
+            pipe.pexpire(reply_key, reply_ttl_ms(self.settings.reply_ttl, [a.deadline for a in replies], now))
         for letter in dead:
             record = {b"entry": letter.entry_id, b"reason": letter.reason.encode(), b"worker": self.name.encode()}
             record.update({b"f_" + k: v for k, v in (letter.fields or {}).items()})
@@ -291,7 +302,7 @@ class RedisWorker:
             dead.append(DeadLetter(entry_id, fields, reason))
             address = reply_address(fields)
             if address:
-                answers.append(Answer(*address, _failed("DeadLettered", reason, "dead")))
+                answers.append(Answer(*address, _failed("DeadLettered", reason, "dead"), reply_version(fields)))
         self._finish(answers, dead, [entry_id for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
 

@@ -12,21 +12,38 @@ from rstreamer.messages import (
     DEADLINE,
     INDEX,
     PAYLOAD,
+    REMAINING,
     TOKEN,
+    VERSION,
+    WIRE_VERSION,
     MalformedEntry,
     Request,
-    pack_results,
+    entry_version,
     parse_request,
     reply_address,
-    unpack_results,
+    reply_ttl_ms,
+    reply_version,
 )
+from rstreamer.messages import pack_results as pack_messages
+from rstreamer.messages import unpack_results
 
 MAX = 1024 * 1024
 
 
 def entry(token=b"client-1:7", index=b"3", deadline=b"1700000000250", payload=None, **drop):
+    """A version-1 entry (no version field, an absolute deadline): what rstreamer 0.1 clients send."""
     fields = {TOKEN: token, INDEX: index, DEADLINE: deadline, PAYLOAD: codec.packb({"x": 1}) if payload is None else payload}
     return {key: value for key, value in fields.items() if key.decode() not in drop}
+
+
+def entry_v2(remaining=b"1500", version=b"2", **kwargs):
+    return {VERSION: version, REMAINING: remaining, **entry(**kwargs)}
+
+
+def pack_results(results, version=WIRE_VERSION, max_bytes=codec.DEFAULT_MAX_BYTES):
+    """One reply message (these results fit in one)."""
+    [message] = pack_messages(results, version, max_bytes)
+    return message
 
 
 def malformed(fields, max_bytes=MAX):
@@ -35,9 +52,37 @@ def malformed(fields, max_bytes=MAX):
     return caught.value
 
 
-def test_parse_request_decodes_a_valid_entry():
-    request = parse_request(b"1700000000000-5", entry(), MAX)
-    assert request == Request(b"1700000000000-5", "client-1:7", 3, 1700000000.25, {"x": 1})
+def test_parse_request_decodes_a_valid_version_1_entry_with_its_deadline_moved_to_the_server_clock():
+    request = parse_request(b"1700000000000-5", entry(), MAX, wall_to_server=2.0)
+    assert request == Request(b"1700000000000-5", "client-1:7", 3, 1700000002.25, {"x": 1}, version=1)
+
+
+def test_parse_request_counts_a_version_2_deadline_from_the_entry_id_on_the_server_clock():
+    # d (the client's wall clock) is ignored: the entry id is Redis's time at XADD.
+    request = parse_request(b"1700000000000-5", entry_v2(remaining=b"1500", deadline=b"1"), MAX, wall_to_server=99.0)
+    assert request == Request(b"1700000000000-5", "client-1:7", 3, 1700000001.5, {"x": 1}, version=2)
+
+
+@pytest.mark.parametrize("version", [b"3", b"99", b"x", b""])
+def test_parse_request_answers_an_unknown_version_with_a_clear_error_to_its_caller(version):
+    error = malformed(entry_v2(version=version))
+    assert (error.token, error.index) == ("client-1:7", 3)
+    assert "wire version" in str(error) and "upgrade the workers" in str(error)
+
+
+def test_entry_and_reply_versions():
+    assert entry_version(entry()) == 1
+    assert entry_version(entry_v2()) == 2
+    assert entry_version(entry_v2(version=b"x")) is None
+    assert [reply_version(f) for f in (entry(), entry_v2(), entry_v2(version=b"7"))] == [1, 2, 2]
+
+
+@pytest.mark.parametrize("remaining", [b"soon", b"", None])
+def test_parse_request_rejects_a_bad_version_2_timeout(remaining):
+    fields = entry_v2(remaining=remaining or b"")
+    if remaining is None:
+        del fields[REMAINING]
+    assert "deadline" in str(malformed(fields))
 
 
 def test_parse_request_decodes_array_payloads():
@@ -181,3 +226,69 @@ def test_unpack_results_rejects_garbage_and_oversize_messages():
         unpack_results(b"\xc1\xc1")
     with pytest.raises(DecodeError):
         unpack_results(pack_results([(0, Outcome(True, value="x" * 200))]), max_bytes=100)
+
+
+# wire versions, per-item round trip and split replies (issue 10 #2, issue 11 #9) ---------------
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("size", [0, 255, 256, 65535, 65536, 300_000])
+def test_outputs_of_every_size_round_trip_in_both_versions(version, size):
+    results = [(0, Outcome(True, value=b"x" * size)), (1, Outcome(True, value="ok"))]
+    assert unpack_results(pack_results(results, version)) == results
+
+
+def test_a_version_1_reply_is_the_bare_list_of_rows_an_old_client_reads():
+    message = pack_results([(0, Outcome(True, value=[1, 2])), (1, Outcome(False, failure=Failure("E", "m")))], 1)
+    assert msgpack.unpackb(message) == [[0, True, [1, 2]], [1, False, ["E", "m", "remote"]]]
+
+
+def test_a_version_2_reply_carries_its_version_and_each_output_encoded_alone():
+    message = msgpack.unpackb(pack_results([(4, Outcome(True, value={"a": 1}))], 2))
+    assert message == {"v": 2, "r": [[4, True, codec.packb({"a": 1})]]}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_output_that_encodes_but_cannot_decode_fails_alone(version):
+    # A dict with tuple keys encodes (as a map with array keys) but no client can decode it.
+    results = [(0, Outcome(True, value={(1, 2): "tuple key"})), (1, Outcome(True, value="good"))]
+    unpacked = unpack_results(pack_results(results, version))
+    assert unpacked[1] == (1, Outcome(True, value="good"))
+    failure = unpacked[0][1].failure
+    assert (failure.type, failure.kind) == ("EncodeError", "remote")
+    assert "decode" in failure.message
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_outputs_over_the_clients_decode_limit_are_split_into_messages_each_within_it(version):
+    limit = 100_000
+    results = [(i, Outcome(True, value=b"x" * 40_000)) for i in range(5)] + [(5, Outcome(True, value="small"))]
+    messages = pack_messages(results, version, max_bytes=limit)
+    assert len(messages) > 1 and all(len(m) <= limit for m in messages)
+    assert [row for m in messages for row in unpack_results(m, max_bytes=limit)] == results
+
+
+def test_an_output_alone_over_the_decode_limit_fails_alone():
+    results = [(0, Outcome(True, value=b"x" * 50_000)), (1, Outcome(True, value=1))]
+    messages = pack_messages(results, max_bytes=10_000)
+    rows = [row for m in messages for row in unpack_results(m, max_bytes=10_000)]
+    assert rows[1] == (1, Outcome(True, value=1))
+    assert rows[0][1].failure.type == "EncodeError" and "exceeds" in rows[0][1].failure.message
+
+
+def test_a_version_2_output_the_client_cannot_decode_fails_only_its_own_item():
+    bad = msgpack.packb({"v": 2, "r": [[0, True, b"\xc1"], [1, True, codec.packb("fine")]]})
+    [(_, first), second] = unpack_results(bad)
+    assert not first.ok and first.failure.type == "DecodeError"
+    assert second == (1, Outcome(True, value="fine"))
+
+
+@pytest.mark.parametrize("message", [{"v": 3, "r": []}, {"r": []}, {"v": 2}, {"v": 2, "r": 5}])
+def test_a_reply_of_an_unknown_version_or_shape_is_a_clear_decode_error(message):
+    with pytest.raises(DecodeError, match="version|rows"):
+        unpack_results(msgpack.packb(message))
+
+
+def test_a_reply_lives_until_its_last_callers_deadline_and_at_least_the_floor():
+    assert reply_ttl_ms(60.0, [1000.0 + 5], now=1000.0) == 60_000
+    assert reply_ttl_ms(2.0, [1000.0 + 5, 1000.0 + 30], now=1000.0) == 31_000
+    assert reply_ttl_ms(2.0, [], now=1000.0) == 2_000
