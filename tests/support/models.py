@@ -75,3 +75,8 @@ class Recorder(ManagedModel):
         with open(self.path, "a") as log:
             log.write("".join(f"{item!r}\n" for item in batch))
         return outputs
+
+
+def echo_outputs(batch: list[Any]) -> list[Any]:
+    """Echo; 'tuple-key' answers a dict with a tuple key, which encodes but cannot be decoded."""
+    return [{(1, 2): "tuple key"} if item == "tuple-key" else item for item in batch]
