@@ -292,3 +292,23 @@ def test_a_reply_lives_until_its_last_callers_deadline_and_at_least_the_floor():
     assert reply_ttl_ms(60.0, [1000.0 + 5], now=1000.0) == 60_000
     assert reply_ttl_ms(2.0, [1000.0 + 5, 1000.0 + 30], now=1000.0) == 31_000
     assert reply_ttl_ms(2.0, [], now=1000.0) == 2_000
+
+
+def test_enqueue_args_carry_each_calls_remaining_timeout_and_wall_deadline():
+    from rstreamer.messages import QueueLimits, enqueue_args
+
+    args = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1", [([b"a", b"b"], 105.5), ([b"c"], 100.0 - 1)], now=100.0)
+    assert args == [10, 2000, 500, "workers", "c:1", 2, 2, 2, 5500, 105500, 1, 0, 99000, b"a", b"b", b"c"]
+
+
+@pytest.mark.parametrize("reply, words", [
+    ([0, 1, 7], "7 items wait undelivered (max_queue=10)"),
+    ([0, 2, 1900], "holds 1900 bytes (max_queue_bytes=2000)"),
+    ([1, 3, 2500], "has waited 2.5s"),
+])
+def test_a_refusal_says_why(reply, words):
+    from rstreamer.messages import Admission, QueueLimits
+
+    admission = Admission.parse(reply)
+    assert admission.accepted == reply[0]
+    assert words in str(admission.error("p", QueueLimits(10, 2000, "workers")))
