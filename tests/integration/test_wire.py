@@ -18,6 +18,7 @@ import pytest
 
 from rstreamer import ClientSettings, RedisStreamer, WorkerSettings, codec
 from rstreamer.client import Coalescer
+from rstreamer.batching import Outcome
 from rstreamer.connection import ensure_group
 from rstreamer.errors import Overloaded, RemoteError, StreamerTimeout
 from rstreamer.keys import Keys
@@ -80,14 +81,13 @@ def test_a_worker_whose_clock_is_25s_behind_does_not_run_an_expired_item(redis_c
 
 # the reply lives as long as its caller waits (issue 10 #12) -------------------------------------
 
-def test_a_reply_lives_until_its_callers_deadline_whatever_the_reply_ttl(redis_client, redis_url, prefix, workers):
+def test_a_reply_lives_until_its_callers_deadline_whatever_the_reply_ttl(redis_client, prefix, workers):
     workers.start(prefix, settings={"reply_ttl": 1.0})
-    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
-        future = streamer.submit([1])
-        reply_key = streamer.keys.reply(future.call.token)
-        pttl = wait_until(lambda: max(0, redis_client.pttl(reply_key)), what="the reply")
-        assert pttl > 20_000, f"the reply would expire after {pttl} ms though its caller waits 30 s"
-        assert future.result() == [2]
+    # A caller that waits 30 s and reads its answer late (nobody pops this key).
+    reply_key = raw_entry(redis_client, Keys(prefix), {"v": 2, "r": 30_000})
+    pttl = wait_until(lambda: max(0, redis_client.pttl(reply_key)), what="the reply")
+    assert pttl > 20_000, f"the reply would expire after {pttl} ms though its caller waits 30 s"
+    assert unpack_results(redis_client.lpop(reply_key)) == [(0, Outcome(True, value=4))]
 
 
 # admission (issue 10 #6 and #1's bytes bound) --------------------------------------------------

@@ -15,7 +15,7 @@ def values(results):
 
 
 def test_a_good_message_decodes_as_unpack_results_does():
-    data = pack_results([(0, Outcome(True, value=[1, 2])), (1, Outcome(True, value="x"))])
+    [data] = pack_results([(0, Outcome(True, value=[1, 2])), (1, Outcome(True, value="x"))])
     assert decode_reply(data) == unpack_results(data)
 
 
