@@ -26,6 +26,7 @@ commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
   demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP calls, a summary
   bench    benchmarks
+  dashboard  live page of queues, workers and dead letters (--help for options)
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   worker   the same as rstreamer-worker
 """
@@ -367,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(rest)
     commands: dict[str, Callable[[list[str]], int]] = {
         "demo": _demo_main, "status": status_main, "bench": bench_main, "chaos": _chaos_main,
+        "dashboard": _dashboard_main,
     }
     if command not in commands:
         print(f"rstreamer: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
@@ -385,3 +387,9 @@ def _demo_main(argv: list[str]) -> int:
     from .tools.demo import main as demo_main
 
     return demo_main(argv)
+
+
+def _dashboard_main(argv: list[str]) -> int:
+    from .tools.dashboard import main as dashboard_main
+
+    return dashboard_main(argv)

@@ -176,3 +176,18 @@ def _table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*(c.upper() for c in columns)).rstrip()] + [fmt.format(*row).rstrip() for row in rows]
+
+
+def oldest_waiting_ms(client: redis.Redis, keys: Keys) -> int | None:
+    """When (server ms, from its entry id) the oldest entry not yet delivered to a worker was added.
+
+    An entry id's first part is the Redis server's clock when XADD ran, so comparing it with the
+    server's TIME gives a wait free of any host's clock skew. None when nothing waits.
+    """
+    try:
+        groups = client.xinfo_groups(keys.requests)
+    except redis.ResponseError:
+        return None  # no stream yet
+    last = next((g["last-delivered-id"] for g in groups if _text(g["name"]) == keys.group), b"0-0")
+    oldest = client.xrange(keys.requests, min=b"(" + (last if isinstance(last, bytes) else last.encode()), count=1)
+    return int(oldest[0][0].split(b"-")[0]) if oldest else None

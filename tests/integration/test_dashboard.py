@@ -1,0 +1,134 @@
+"""`rstreamer dashboard` in a real browser (Debian's chromium driven by Playwright) against real workers."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from rstreamer import RedisStreamer
+from rstreamer.connection import ensure_group
+from rstreamer.embedded import free_port
+from rstreamer.keys import Keys
+from rstreamer.messages import DEADLINE, TOKEN, unpack_results
+from support import procs
+from support.procs import wait_until
+from support.system import debian_tool
+
+ARTIFACTS = Path(os.environ.get("RSTREAMER_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-output"))
+UI_TIMEOUT_MS = 20_000
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    path, why = debian_tool("chromium", "chromium")
+    if path is None:
+        pytest.skip(why)
+    return path
+
+
+def start_dashboard(redis_url: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rstreamer.tools.dashboard", "--redis", redis_url,
+                             "--port", str(port), "--interval", "0.25", *args],
+                            env=procs.test_env(), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/api/session", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None  # exited: stop waiting, the caller sees it
+    wait_until(up, 20, what="the dashboard to answer")
+    assert proc.poll() is None, "the dashboard exited"
+    return proc, url
+
+
+@pytest.fixture
+def dashboard(redis_url: str, prefix: str) -> Iterator[str]:
+    proc, url = start_dashboard(redis_url, "--prefix", prefix, "--allow-actions")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def malformed_entry(client: redis.Redis, redis_url: str, prefix: str, token: str) -> dict[bytes, bytes]:
+    """A real client's entry for the item 21 (taken off the stream before any worker runs), with
+    our own reply token and no deadline: a worker dead-letters it as malformed."""
+    keys = Keys(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        streamer.submit([21], timeout=30)
+        (entry_id, fields), = wait_until(lambda: client.xrange(keys.requests), what="the client's entry")
+    client.xdel(keys.requests, entry_id)
+    fields = {k: v for k, v in fields.items() if k != DEADLINE}
+    fields[TOKEN] = token.encode()
+    return fields
+
+
+@pytest.mark.timeout(900)  # the first run may install chromium
+def test_dashboard_in_a_browser(chromium, dashboard, redis_url, redis_client, prefix, workers, request):
+    playwright = pytest.importorskip("playwright.sync_api", reason="pip install 'rstreamer[test]' (playwright)")
+    ensure_group(redis_client, Keys(prefix))
+    problems: list[str] = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.goto(dashboard)
+        section = f'[data-prefix="{prefix}"]'
+        page.wait_for_selector(f'{section} [data-testid="workers"].empty', timeout=UI_TIMEOUT_MS)
+        assert page.text_content('[data-testid="mode"]') == "actions allowed"
+        token = f"dashtest-{os.getpid()}:1"
+        malformed = malformed_entry(redis_client, redis_url, prefix, token)
+
+        # a worker appears
+        worker = workers.start(prefix, init_kwargs={})
+        row = f'{section} [data-testid="worker"][data-pid="{worker.pid}"]'
+        page.wait_for_selector(row, timeout=UI_TIMEOUT_MS)
+
+        # the queue depth rises under load, then falls back to 0
+        queue = f'{section} [data-testid="queue"]'
+        with RedisStreamer(redis_url, prefix) as streamer:
+            future = streamer.submit([["sleep", 0.02]] * 200, timeout=60)
+            wait_until(lambda: int(page.text_content(queue)) > 0, 20, what="a queue on the page")
+            assert future.result(60) == ["slept"] * 200
+        # (polled from Python: the page's CSP forbids the eval that wait_for_function needs)
+        wait_until(lambda: int(page.text_content(queue)) == 0, 20, what="an empty queue on the page")
+
+        # a dead letter shows its reason and payload; replay runs it
+        redis_client.xadd(Keys(prefix).requests, malformed)
+        letter = f'{section} [data-testid="dead-letter"]'
+        page.wait_for_selector(letter, timeout=UI_TIMEOUT_MS)
+        assert "missing or invalid deadline" in page.text_content(letter)
+        assert page.text_content(f"{letter} td.preview") == "21"
+        page.screenshot(path=str(artifact_dir(request) / "dashboard.png"), full_page=True)
+        page.click(f'{letter} [data-testid="replay"]')
+        page.wait_for_selector(letter, state="detached", timeout=UI_TIMEOUT_MS)
+        # the reply list holds the worker's DecodeError for the malformed entry, then the replay's answer
+        replies = wait_until(lambda: redis_client.lrange(Keys(prefix).reply(token), 1, 1), 20, what="a 2nd reply")
+        assert [(i, o.ok, o.value) for i, o in unpack_results(replies[0])] == [(0, True, 42)]
+        assert page.text_content(f'{section} [data-testid="dead-count"]') == "0"
+
+        # the worker dies (SIGKILL: no goodbye) and leaves the page once its heartbeat lapses
+        os.killpg(worker.pid, signal.SIGKILL)
+        page.wait_for_selector(row, state="detached", timeout=UI_TIMEOUT_MS)
+        page.wait_for_selector(f'{section} [data-testid="workers"].empty', timeout=UI_TIMEOUT_MS)
+        browser.close()
+    assert problems == []
+
+
+def artifact_dir(request: pytest.FixtureRequest) -> Path:
+    path = ARTIFACTS / request.node.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
