@@ -72,6 +72,7 @@ class BatchHint:
     size: int = 0
     seconds: float = 0.0
     peers: int = 1
+    closed: str = ""  # why the last batch closed: full, latency or queue_empty (a metrics label)
 
     def share(self, policy: BatchPolicy) -> int:
         """Most items the first read of a batch takes."""
@@ -112,30 +113,37 @@ def collect_batch(
     if not batch:
         return batch
     started = clock()
+    closed = "full"
     while len(batch) < policy.batch_size:
         wanted = policy.batch_size - len(batch)
         if not policy.adaptive:
             remaining = policy.max_latency - (clock() - started)
             if remaining <= 0:
+                closed = "latency"
                 break
         elif len(batch) >= asked:
             # The first read stopped at a fair share: take, without waiting, what no idle peer took.
             remaining = 0.0
         elif hint is None or hint.peers < 2 or 2 * len(batch) >= hint.size:
             # fetch returned all there was, so the source is empty and the model idle.
-            return batch
+            closed = "queue_empty"
+            break
         else:
             # ...but this batch is under half the recent ones: their callers are coming back.
             # (Not waiting for all of them: the ones that come later make the next batch
             # while this one runs, so the model never idles for a whole round trip.)
             remaining = hint.linger(policy) - (clock() - started)
             if remaining < MIN_LINGER:
+                closed = "latency"
                 break
         asked = len(batch) + wanted
         more = source.fetch(wanted, remaining)
         if not more:
+            closed = "latency" if remaining > 0 else "queue_empty"
             break
         batch.extend(more)
+    if hint is not None:
+        hint.closed = closed
     return batch
 
 

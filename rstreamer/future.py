@@ -8,6 +8,7 @@ from typing import Any
 
 from .batching import Failure, Outcome
 from .errors import StreamerTimeout, remote_error_from
+from .hooks import caller_woken
 
 
 class BaseFuture:
@@ -21,6 +22,7 @@ class BaseFuture:
         self._outcomes: dict[int, Outcome[Any]] = {}
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self.answered_at: float | None = None
 
     @property
     def expires_at(self) -> float:
@@ -33,6 +35,7 @@ class BaseFuture:
             if 0 <= index < self.size and index not in self._outcomes:
                 self._outcomes[index] = outcome
                 if len(self._outcomes) == self.size:
+                    self.answered_at = time.perf_counter()  # for rstreamer_client_wakeup_seconds
                     self._on_complete()
 
     def fail(self, error: BaseException) -> None:
@@ -118,4 +121,5 @@ class Future(BaseFuture):
             if self._past_deadline():
                 self._expired()
             raise self._timeout_error()
+        caller_woken(self.answered_at)
         return self._values()

@@ -13,18 +13,25 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
+from prometheus_client import (
+    REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .batching import BatchStats
 from .errors import BrokerUnavailable, CodecError, Overloaded, RemoteError, StreamerTimeout
+from .hooks import WorkerHooks, entry_ms, observing_wakeup
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+WAKEUP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+CLOSE_REASONS = ("full", "cost_budget", "latency", "queue_empty")
+"""Why a batch closed (a bounded label): ``cost_budget`` is the cost lane's, the rest the policy's."""
 
 # stats attribute -> (counter name without _total, help)
 WORKER_COUNTERS = {
@@ -58,8 +65,14 @@ class StatsCollector(Collector):
         yield info
 
 
-class WorkerMetrics:
-    """The metrics of one worker process, in a registry of their own."""
+class WorkerMetrics(WorkerHooks):
+    """The metrics of one worker process, in a registry of their own.
+
+    Besides the per-batch ``observe`` callback it implements the worker's hooks: queue wait per
+    item (the entry id's time against the worker's estimate of the Redis server's clock, so no
+    host clock is compared with another), batch fill and close reason, items in flight, and the
+    time from the end of predict to the replies being in Redis.
+    """
 
     def __init__(self, prefix: str, registry: CollectorRegistry | None = None) -> None:
         self.prefix = prefix
@@ -71,12 +84,46 @@ class WorkerMetrics:
                                      buckets=BATCH_SIZE_BUCKETS, registry=registry).labels(prefix)
         self._predict_seconds = Histogram("rstreamer_worker_predict_seconds", "Seconds the model took per batch.",
                                           ["prefix"], buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
+        self._queue_wait = Histogram("rstreamer_worker_queue_wait_seconds", "Seconds each item waited in the "
+                                     "stream before a worker read it (on the Redis server's clock).", ["prefix"],
+                                     buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
+        self._fill = Histogram("rstreamer_worker_batch_fill_ratio", "Items per batch divided by batch_size.",
+                               ["prefix"], buckets=FILL_BUCKETS, registry=registry).labels(prefix)
+        closed = Counter("rstreamer_worker_batches_closed", "Batches by why they closed (full, cost_budget, "
+                         "latency, queue_empty).", ["prefix", "reason"], registry=registry)
+        self._closed = {reason: closed.labels(prefix, reason) for reason in CLOSE_REASONS}
+        self._in_flight = Gauge("rstreamer_worker_in_flight_items", "Items of the batch running now.", ["prefix"],
+                                registry=registry).labels(prefix)
+        self._reply_seconds = Histogram("rstreamer_worker_reply_seconds", "Seconds from the end of predict to the "
+                                        "batch's replies and acks being in Redis.", ["prefix"],
+                                        buckets=WAKEUP_BUCKETS, registry=registry).labels(prefix)
+        self._offset_ms = 0.0  # the Redis server's clock minus ours
+        self._predict_end: float | None = None
         self._server: Any = None
 
     def observe(self, items: int, seconds: float, failed: int) -> None:
         """The worker's per-batch callback (``RedisWorker(observe=...)``)."""
         self._batch_size.observe(items)
         self._predict_seconds.observe(seconds)
+        self._predict_end = time.perf_counter()
+
+    def server_time(self, server_ms: int) -> None:
+        self._offset_ms = server_ms - time.time() * 1000
+
+    def batch_started(self, entry_ids: Sequence[bytes], closed: str, batch_size: int) -> None:
+        now_ms = time.time() * 1000 + self._offset_ms
+        for entry_id in entry_ids:
+            self._queue_wait.observe(max(0.0, now_ms - entry_ms(entry_id)) / 1000)
+        self._fill.observe(len(entry_ids) / max(1, batch_size))
+        if closed in self._closed:
+            self._closed[closed].inc()
+        self._in_flight.set(len(entry_ids))
+        self._predict_end = None
+
+    def batch_done(self) -> None:
+        self._in_flight.set(0)
+        if self._predict_end is not None:
+            self._reply_seconds.observe(time.perf_counter() - self._predict_end)
 
     def track(self, stats: BatchStats, worker: str = "", gpu: int | None = None) -> None:
         """Expose the counters of ``stats`` (a live WorkerStats)."""
@@ -112,17 +159,27 @@ class ClientMetrics:
         self.items = Counter("rstreamer_client_items", "Items sent.", ["prefix"], registry=registry)
         self.latency = Histogram("rstreamer_client_request_seconds", "Seconds from submit to the last answer "
                                  "of calls that succeeded.", ["prefix"], buckets=SECONDS_BUCKETS, registry=registry)
+        self.in_flight = Gauge("rstreamer_client_in_flight_items", "Items sent and not yet answered.", ["prefix"],
+                               registry=registry)
+        self.wakeup = Histogram("rstreamer_client_wakeup_seconds", "Seconds from a call's last answer reaching "
+                                "this process to the caller running again.", ["prefix"], buckets=WAKEUP_BUCKETS,
+                                registry=registry)
 
     @contextlib.contextmanager
     def track(self, prefix: str, items: int = 1) -> Iterator[None]:
         """Count the call made inside the block and time it; exceptions pass through."""
         started = time.perf_counter()
         self.items.labels(prefix).inc(items)
+        in_flight = self.in_flight.labels(prefix)
+        in_flight.inc(items)
         try:
-            yield
+            with observing_wakeup(self.wakeup.labels(prefix).observe):
+                yield
         except BaseException as exc:
             self.requests.labels(prefix, outcome_of(exc)).inc()
             raise
+        finally:
+            in_flight.dec(items)
         self.requests.labels(prefix, "ok").inc()
         self.latency.labels(prefix).observe(time.perf_counter() - started)
 
@@ -149,6 +206,36 @@ def client_metrics() -> ClientMetrics:
         if _default is None:
             _default = ClientMetrics()
         return _default
+
+
+class QueueCollector(Collector):
+    """Gauges of every prefix's queue as some process sees it in Redis (``rstreamer dashboard`` does).
+
+    ``read`` returns rows like the dashboard's state: prefix, queue_length, pending, dead_letters,
+    oldest_wait_s and workers. These gauges come from Redis, not from a worker, so "no live
+    worker" can still be reported when every worker is gone.
+    """
+
+    GAUGES = {
+        "queue_length": ("rstreamer_queue_length", "Entries waiting, not yet delivered to a worker."),
+        "pending": ("rstreamer_queue_pending", "Entries delivered to a worker and not yet acked."),
+        "dead_letters": ("rstreamer_queue_dead_letters", "Entries in the dead-letter stream."),
+        "oldest_wait_s": ("rstreamer_queue_oldest_wait_seconds", "Age of the oldest entry not yet delivered "
+                          "(Redis server clock)."),
+        "live_workers": ("rstreamer_queue_live_workers", "Workers whose heartbeat is live."),
+    }
+
+    def __init__(self, read: Callable[[], list[dict[str, Any]]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[Metric]:
+        rows = self.read()
+        for field, (name, documentation) in self.GAUGES.items():
+            family = GaugeMetricFamily(name, documentation, labels=["prefix"])
+            for row in rows:
+                value = len(row["workers"]) if field == "live_workers" else row[field]
+                family.add_metric([row["prefix"]], float(value))
+            yield family
 
 
 def instrumented_predict(streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:

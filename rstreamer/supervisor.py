@@ -72,6 +72,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     )
     if metrics is not None:
         metrics.track(worker.stats, worker.name, gpu_id)
+        worker.hooks = metrics
     if spec.log_interval > 0:
         StatsSummary(worker.name, worker.stats, spec.log_interval).start()
     threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()

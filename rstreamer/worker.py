@@ -19,6 +19,7 @@ from .batching import (
     BatchHint, BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch, collect_batch,
 )
 from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
+from .hooks import WorkerHooks
 from .keys import Keys
 from .liveness import Heartbeat, live_workers, read_workers
 from .clock import ServerClock
@@ -139,6 +140,7 @@ class RedisWorker:
         self._next_reclaim = 0.0
         self._hint = BatchHint()
         self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
+        self.hooks = WorkerHooks()  # metrics (rstreamer.metrics.WorkerMetrics) replace the no-op
 
     def _info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
@@ -200,7 +202,9 @@ class RedisWorker:
                 self._count_peers()
             entries = collect_batch(self._source, self.policy, self.settings.idle_block, hint=self._hint)
             if entries:
+                self.hooks.batch_started([e for e, _ in entries], self._hint.closed, self.policy.batch_size)
                 self._process(entries)
+                self.hooks.batch_done()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._back_off(f"Redis unavailable ({exc})")
         except redis.RedisError as exc:
@@ -213,6 +217,7 @@ class RedisWorker:
         sent = time.monotonic()
         now_ms, workers = read_workers(self._redis, self.keys)
         self._clock.observe(now_ms, sent, time.monotonic())
+        self.hooks.server_time(now_ms)
         self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
 
     def _back_off(self, reason: str) -> None:

@@ -71,3 +71,13 @@ def test_the_page_allows_no_inline_script(sampler):
     response = client_for(sampler).get("/")
     assert response.status_code == 200 and "default-src 'self'" in response.headers["content-security-policy"]
     assert "<script src=\"/static/dashboard.js\"" in response.text
+
+
+def test_metrics_exports_the_queue_gauges(sampler, redis_client, prefix):
+    letter(redis_client, prefix)
+    sampler.sample()
+    text = client_for(sampler).get("/metrics").text
+    for line in (f'rstreamer_queue_dead_letters{{prefix="{prefix}"}} 1.0',
+                 f'rstreamer_queue_live_workers{{prefix="{prefix}"}} 0.0',
+                 f'rstreamer_queue_length{{prefix="{prefix}"}} 0.0'):
+        assert line in text

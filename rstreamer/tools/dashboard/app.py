@@ -1,4 +1,6 @@
-"""The dashboard's HTTP side: a static page, a JSON state endpoint, and the dead-letter actions.
+"""The dashboard's HTTP side: a static page, a JSON state endpoint, the dead-letter actions, and
+``/metrics``: the queue gauges of every prefix as read from Redis (``rstreamer_queue_*``), which no
+worker can export once every worker is gone.
 
 Actions (replay, purge) exist only with ``allow_actions``; each POST must carry the session's
 CSRF token in ``X-CSRF-Token``. A cross-site form cannot set that header, a cross-origin script
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -25,6 +29,7 @@ from starlette.staticfiles import StaticFiles
 from ... import deadletters
 from ...errors import ConfigError
 from ...keys import Keys
+from ...metrics import QueueCollector
 from .sampler import Sampler
 
 STATIC = Path(__file__).parent / "static"
@@ -50,12 +55,17 @@ class Options:
 def create_app(sampler: Sampler, options: Options) -> Starlette:
     """The Starlette app around a started ``sampler``."""
     csrf = secrets.token_urlsafe(32)
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(lambda: list(sampler.state()["prefixes"])))
 
     def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers=SECURITY_HEADERS)
 
     def state(request: Request) -> Response:
         return JSONResponse({**sampler.state(), "interval": sampler.interval, "allow_actions": options.allow_actions})
+
+    def scrape(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     def session(request: Request) -> Response:
         return JSONResponse({"allow_actions": options.allow_actions, "csrf": csrf if options.allow_actions else None})
@@ -73,7 +83,7 @@ def create_app(sampler: Sampler, options: Options) -> Starlette:
         return JSONResponse({"done": done})
 
     routes = [
-        Route("/", index), Route("/api/state", state), Route("/api/session", session),
+        Route("/", index), Route("/api/state", state), Route("/api/session", session), Route("/metrics", scrape),
         Route("/api/prefixes/{prefix}/dead/{verb:str}", action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
