@@ -366,7 +366,10 @@ def run(args: argparse.Namespace) -> int:
         wait_for_workers(client, keys, args.workers)
         wait_ready(base_url, [workers, web])
         if args.serve:
-            return serve(base_url, args.output / "stack.log")
+            dash_port = free_port()  # `rstreamer dashboard`: read-only, bound to 127.0.0.1
+            dashboard = [*_script("rstreamer", "rstreamer.cli", "main"), "dashboard", "--port", str(dash_port)]
+            stack.enter_context(group_process(dashboard, log, env))  # its Redis: RSTREAMER_REDIS_URL in env
+            return serve(base_url, args.output / "stack.log", f"http://127.0.0.1:{dash_port}/")
         return drive(args, base_url, client, keys)
     return 1  # not reached; ExitStack does not swallow exceptions
 
@@ -388,7 +391,7 @@ def drive(args: argparse.Namespace, base_url: str, client: redis.Redis, keys: Ke
     return 0 if good else 1
 
 
-def serve(base_url: str, log: Path) -> int:
+def serve(base_url: str, log: Path, dashboard: str) -> int:
     print(f"\nthe stack is up at {base_url} (logs in {log}); try:\n"
           f"  curl -s -X POST {base_url}/predict -H 'content-type: application/json' "
           f"-d '{{\"inputs\": [\"Happy birthday to you.\"]}}' | head -c 200; echo\n"
@@ -396,7 +399,8 @@ def serve(base_url: str, log: Path) -> int:
           f"| head -c 200; echo\n"
           f"  curl -s {base_url}/readyz; echo\n"
           f"  curl -s {base_url}/metrics | grep rstreamer_\n"
-          "press Ctrl-C to stop everything")
+          "press Ctrl-C to stop everything\n"
+          f"live dashboard (queues, workers, dead letters): {dashboard}")
     threading.Event().wait()
     return 0
 
