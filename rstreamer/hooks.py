@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
+
+
+Entry = tuple[bytes, "Mapping[bytes, bytes] | None"]
+"""A stream entry as the worker reads it: (id, fields)."""
 
 
 class WorkerHooks:
@@ -17,11 +21,30 @@ class WorkerHooks:
     def server_time(self, server_ms: int) -> None:
         """The Redis server's clock (ms) as just read: lets queue waits be measured on it."""
 
-    def batch_started(self, entry_ids: Sequence[bytes], closed: str, batch_size: int) -> None:
-        """A batch was read (``closed``: why it closed) and is about to run."""
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+        """A batch of stream entries was read (``closed``: why it closed) and is about to run."""
 
     def batch_done(self) -> None:
         """The batch's replies and acks are in Redis."""
+
+
+class ChainedHooks(WorkerHooks):
+    """Several observers (metrics and tracing) called in turn."""
+
+    def __init__(self, *hooks: WorkerHooks) -> None:
+        self.hooks = hooks
+
+    def server_time(self, server_ms: int) -> None:
+        for hook in self.hooks:
+            hook.server_time(server_ms)
+
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+        for hook in self.hooks:
+            hook.batch_started(entries, closed, batch_size)
+
+    def batch_done(self) -> None:
+        for hook in self.hooks:
+            hook.batch_done()
 
 
 def entry_ms(entry_id: bytes) -> int:

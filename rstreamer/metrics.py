@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from .batching import BatchStats
 from .errors import BrokerUnavailable, CodecError, Overloaded, RemoteError, StreamerTimeout
-from .hooks import WorkerHooks, entry_ms, observing_wakeup
+from .hooks import Entry, WorkerHooks, entry_ms, observing_wakeup
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -110,14 +110,14 @@ class WorkerMetrics(WorkerHooks):
     def server_time(self, server_ms: int) -> None:
         self._offset_ms = server_ms - time.time() * 1000
 
-    def batch_started(self, entry_ids: Sequence[bytes], closed: str, batch_size: int) -> None:
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
         now_ms = time.time() * 1000 + self._offset_ms
-        for entry_id in entry_ids:
+        for entry_id, _ in entries:
             self._queue_wait.observe(max(0.0, now_ms - entry_ms(entry_id)) / 1000)
-        self._fill.observe(len(entry_ids) / max(1, batch_size))
+        self._fill.observe(len(entries) / max(1, batch_size))
         if closed in self._closed:
             self._closed[closed].inc()
-        self._in_flight.set(len(entry_ids))
+        self._in_flight.set(len(entries))
         self._predict_end = None
 
     def batch_done(self) -> None:

@@ -62,6 +62,8 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
         level=spec.log_level,
         format=f"%(asctime)s %(levelname)s [worker {slot} {device} pid %(process)d] %(name)s: %(message)s",
     )
+    from .hooks import ChainedHooks
+    from .tracing import worker_tracer
     from .worker import RedisWorker
 
     metrics = _worker_metrics(spec, slot)
@@ -72,7 +74,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     )
     if metrics is not None:
         metrics.track(worker.stats, worker.name, gpu_id)
-        worker.hooks = metrics
+    worker.hooks = ChainedHooks(*(h for h in (metrics, worker_tracer(worker.keys.prefix)) if h is not None))
     if spec.log_interval > 0:
         StatsSummary(worker.name, worker.stats, spec.log_interval).start()
     threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()

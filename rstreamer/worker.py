@@ -202,7 +202,7 @@ class RedisWorker:
                 self._count_peers()
             entries = collect_batch(self._source, self.policy, self.settings.idle_block, hint=self._hint)
             if entries:
-                self.hooks.batch_started([e for e, _ in entries], self._hint.closed, self.policy.batch_size)
+                self.hooks.batch_started(entries, self._hint.closed, self.policy.batch_size)
                 self._process(entries)
                 self.hooks.batch_done()
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -15,8 +15,8 @@ def value(registry, name, **labels):
     return registry.get_sample_value(name, labels) or 0.0
 
 
-def entry_id(ms: int) -> bytes:
-    return f"{ms}-0".encode()
+def entry(ms: int) -> tuple[bytes, dict[bytes, bytes]]:
+    return f"{ms}-0".encode(), {}
 
 
 def test_queue_wait_is_measured_on_the_redis_clock_whatever_the_skew():
@@ -24,7 +24,7 @@ def test_queue_wait_is_measured_on_the_redis_clock_whatever_the_skew():
     worker = metrics.WorkerMetrics("p", registry)
     server_ms = int(time.time() * 1000) + 3_600_000  # the Redis host's clock is an hour ahead of ours
     worker.server_time(server_ms)
-    worker.batch_started([entry_id(server_ms - 300), entry_id(server_ms - 100)], "full", 2)
+    worker.batch_started([entry(server_ms - 300), entry(server_ms - 100)], "full", 2)
     waited = value(registry, "rstreamer_worker_queue_wait_seconds_sum", prefix="p")
     assert value(registry, "rstreamer_worker_queue_wait_seconds_count", prefix="p") == 2
     assert 0.4 <= waited < 0.4 + 2 * 1.0  # 0.3 + 0.1, plus the time this test took; never the hour
@@ -33,7 +33,7 @@ def test_queue_wait_is_measured_on_the_redis_clock_whatever_the_skew():
 def test_fill_close_reason_in_flight_and_reply_time():
     registry = CollectorRegistry()
     worker = metrics.WorkerMetrics("p", registry)
-    worker.batch_started([entry_id(1)] * 4, "latency", 16)
+    worker.batch_started([entry(1)] * 4, "latency", 16)
     assert value(registry, "rstreamer_worker_in_flight_items", prefix="p") == 4
     worker.observe(4, 0.01, 0)
     worker.batch_done()
@@ -44,7 +44,7 @@ def test_fill_close_reason_in_flight_and_reply_time():
     for reason in metrics.CLOSE_REASONS:  # every reason is exported from the start (0), none unbounded
         assert registry.get_sample_value("rstreamer_worker_batches_closed_total", {"prefix": "p", "reason": reason}) \
             is not None
-    worker.batch_started([entry_id(1)], "made-up", 16)
+    worker.batch_started([entry(1)], "made-up", 16)
     assert registry.get_sample_value("rstreamer_worker_batches_closed_total",
                                      {"prefix": "p", "reason": "made-up"}) is None
 
