@@ -20,6 +20,7 @@ from .errors import EncodeError, Overloaded
 from .keys import Keys
 from .messages import Admission, QueueLimits, enqueue_args
 from .settings import ClientSettings, redis_url_from_env
+from .tracing import current_traceparent
 
 # A blocked BLPOP returns at least this often so that a vanished server is noticed within
 # the socket timeout instead of hanging.
@@ -69,6 +70,7 @@ class Call:
     timeout: float
     deadline: float
     expires_at: float = field(default=0.0, compare=False)
+    traceparent: bytes | None = field(default=None, compare=False)  # the caller's span, sent as b"tp"
 
 
 class CallFactory:
@@ -110,7 +112,7 @@ class CallFactory:
         token = self._next_token()
         timeout = self.settings.timeout if timeout is None else timeout
         return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
-                    time.monotonic() + timeout)
+                    time.monotonic() + timeout, current_traceparent())
 
     # The arguments of the ENQUEUE_CALLS script are built by messages.enqueue_args (the wire
     # format) from what these two methods give it, and nowhere else.
@@ -127,7 +129,9 @@ class CallFactory:
         """Arguments of the ENQUEUE_CALLS script for ``calls``, sent under the first one's token."""
         # Each call keeps its own deadline, so an item never runs after its caller gave up.
         shapes = [(call.payloads, call.deadline) for call in calls]
-        return {"keys": [self.keys.requests], "args": enqueue_args(self.limits, calls[0].token, shapes, time.time())}
+        traceparents = [call.traceparent or b"" for call in calls]
+        return {"keys": [self.keys.requests],
+                "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents)}
 
     def overloaded(self, admission: Admission) -> Overloaded:
         """The error of a call the ENQUEUE_CALLS script refused, saying why."""

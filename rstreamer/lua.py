@@ -40,17 +40,25 @@ local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local age = 0
 if oldest_ms then age = math.max(0, now_ms - oldest_ms) end
 local payload = 8 + 3 * calls
+local traced = payload  -- optional: one W3C traceparent per call after the payloads ('' = none)
+for c = 1, calls do traced = traced + tonumber(ARGV[5 + 3 * c]) end
 local index = 0
 for c = 1, calls do
   local size, remaining, deadline = tonumber(ARGV[5 + 3 * c]), ARGV[6 + 3 * c], ARGV[7 + 3 * c]
+  local tp = ARGV[traced + c - 1]
   local bytes = 0
   for k = payload, payload + size - 1 do bytes = bytes + #ARGV[k] end
   if max_queue > 0 and backlog >= max_queue then return {c - 1, 1, backlog} end
   if max_bytes > 0 and queued_bytes + bytes > max_bytes then return {c - 1, 2, queued_bytes} end
   if age * 1000 > permille * tonumber(remaining) then return {c - 1, 3, age} end
   for _ = 1, size do
-    redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
-               'd', deadline, 'p', ARGV[payload])
+    if tp and tp ~= '' then
+      redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
+                 'd', deadline, 'p', ARGV[payload], 'tp', tp)
+    else
+      redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
+                 'd', deadline, 'p', ARGV[payload])
+    end
     index = index + 1
     payload = payload + 1
   end

@@ -154,8 +154,11 @@ class QueueLimits:
 
 
 def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence[bytes], float]],
-                 now: float) -> list[Any]:
+                 now: float, traceparents: Sequence[bytes] = ()) -> list[Any]:
     """ARGV of ENQUEUE_CALLS for ``calls`` of one token, each ``(payloads, deadline)``.
+
+    ``traceparents`` (optional, one per call, ``b""`` for none) follow the payloads; each
+    call's entries then carry it in the optional field ``tp`` (rstreamer.tracing).
 
     ``deadline`` and ``now`` are on this host's wall clock; the entries carry the remaining
     timeout, which the workers count from the entry id (Redis's clock).
@@ -166,7 +169,7 @@ def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence
         shapes += [len(call_payloads), max(0, int((deadline - now) * 1000)), int(deadline * 1000)]
         payloads += call_payloads
     return [limits.max_queue, limits.max_queue_bytes, int(ADMIT_WAIT_FRACTION * 1000), limits.group,
-            token, WIRE_VERSION, len(calls), *shapes, *payloads]
+            token, WIRE_VERSION, len(calls), *shapes, *payloads, *(traceparents if any(traceparents) else ())]
 
 
 @dataclass(frozen=True)
