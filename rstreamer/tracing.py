@@ -119,7 +119,7 @@ class WorkerTracer(WorkerHooks):
             span.end(end_time=now_ns)
         self._batch = self._tracer.start_span(
             "rstreamer.batch", kind=self._trace.SpanKind.CONSUMER, start_time=now_ns,
-            links=[self._trace.Link(parent) for parent in parents],
+            links=[self._trace.Link(parent) for parent in {(p.trace_id, p.span_id): p for p in parents}.values()],
             attributes={"rstreamer.prefix": self.prefix, "rstreamer.batch.size": len(entries),
                         "rstreamer.batch.limit": batch_size, "rstreamer.batch.closed": closed})
 
