@@ -160,7 +160,7 @@ class ClientMetrics:
         self.latency = Histogram("rstreamer_client_request_seconds", "Seconds from submit to the last answer "
                                  "of calls that succeeded.", ["prefix"], buckets=SECONDS_BUCKETS, registry=registry)
         self.in_flight = Gauge("rstreamer_client_in_flight_items", "Items sent and not yet answered.", ["prefix"],
-                               registry=registry)
+                               registry=registry, multiprocess_mode="livesum")
         self.wakeup = Histogram("rstreamer_client_wakeup_seconds", "Seconds from a call's last answer reaching "
                                 "this process to the caller running again.", ["prefix"], buckets=WAKEUP_BUCKETS,
                                 registry=registry)
