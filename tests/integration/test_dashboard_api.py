@@ -81,3 +81,17 @@ def test_metrics_exports_the_queue_gauges(sampler, redis_client, prefix):
                  f'rstreamer_queue_live_workers{{prefix="{prefix}"}} 0.0',
                  f'rstreamer_queue_length{{prefix="{prefix}"}} 0.0'):
         assert line in text
+
+
+def test_the_command_refuses_bad_options_and_a_taken_port(capsys):
+    import socket
+
+    from rstreamer.cli import main
+
+    with pytest.raises(SystemExit) as help_exit:
+        main(["dashboard", "--help"])
+    assert help_exit.value.code == 0 and "--allow-actions" in capsys.readouterr().out
+    assert main(["dashboard", "--interval", "0"]) == 2
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        assert main(["dashboard", "--port", str(taken.getsockname()[1])]) == 2
+    assert "cannot listen" in capsys.readouterr().err

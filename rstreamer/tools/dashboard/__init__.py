@@ -8,6 +8,7 @@ otherwise.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
 import sys
@@ -43,16 +44,25 @@ def main(argv: list[str]) -> int:
     if args.interval <= 0 or args.window < args.interval:
         print("rstreamer dashboard: --interval must be > 0 and --window >= --interval", file=sys.stderr)
         return 2
-    try:
-        import uvicorn
-
-        from .app import Options, create_app
-    except ImportError as exc:
-        print(f"rstreamer dashboard: needs the webapp extra (pip install 'rstreamer[webapp]'): {exc}", file=sys.stderr)
+    if importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("starlette") is None:
+        print("rstreamer dashboard: needs the webapp extra: pip install 'rstreamer[webapp]'", file=sys.stderr)
         return 2
+    try:
+        sock = socket.create_server((args.host, args.port))  # bound first, so the URL names the real port
+    except OSError as exc:
+        print(f"rstreamer dashboard: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    with sock:
+        return _serve(args, sock)
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
+    import uvicorn
+
     from ...connection import create_redis, normalize_broker_url, redacted
     from ...errors import BrokerUnavailable, ConfigError
     from ...settings import WorkerSettings
+    from .app import Options, create_app
     from .sampler import Sampler
 
     try:
@@ -64,18 +74,11 @@ def main(argv: list[str]) -> int:
         return 2
     hosts = ("*",) if args.host in ("0.0.0.0", "::") else Options.allowed_hosts + (args.host,)
     app = create_app(sampler.start(), Options(args.allow_actions, args.replay_timeout, hosts))
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
-    try:
-        sock = socket.create_server((args.host, args.port))  # bound here, so the URL names the real port
-    except OSError as exc:
-        print(f"rstreamer dashboard: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        sampler.stop()
-        return 2
     host, port = sock.getsockname()[:2]
     mode = "actions allowed" if args.allow_actions else "read-only"
     print(f"rstreamer dashboard: http://{host}:{port}/ ({mode}; Redis {redacted(url)})", flush=True)
     try:
-        server.run(sockets=[sock])
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it handled: a normal way to stop
     finally:
