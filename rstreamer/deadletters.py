@@ -18,7 +18,7 @@ import redis
 from . import codec
 from .errors import DecodeError
 from .keys import Keys
-from .messages import DEADLINE, PAYLOAD
+from .messages import DEADLINE, PAYLOAD, REMAINING
 
 FIELD_PREFIX = b"f_"
 PREVIEW_BYTES = 64 * 1024
@@ -70,12 +70,13 @@ def replay(client: redis.Redis, keys: Keys, letter_ids: list[str], timeout: floa
     letters = [(i, f) for i in letter_ids for _, f in client.xrange(keys.dead, i, i, count=1)]
     if not letters:
         return 0
-    seconds, micros = client.time()  # the deadline is on Redis's clock, like the callers'
+    seconds, micros = client.time()  # a version-1 deadline, on Redis's clock like the callers'
     deadline = str(int(seconds) * 1000 + int(micros) // 1000 + int(timeout * 1000)).encode()
     pipe = client.pipeline(transaction=True)
     for letter_id, fields in letters:
         entry = {k[len(FIELD_PREFIX):]: v for k, v in fields.items() if k.startswith(FIELD_PREFIX)}
-        entry[DEADLINE] = deadline
+        # version 2 counts ``r`` from the new entry's id; version 1 reads ``d``
+        entry[REMAINING], entry[DEADLINE] = str(int(timeout * 1000)).encode(), deadline
         pipe.xadd(keys.requests, entry)
         pipe.xdel(keys.dead, letter_id)
     pipe.execute()

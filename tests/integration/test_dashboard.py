@@ -16,7 +16,7 @@ from rstreamer import RedisStreamer
 from rstreamer.connection import ensure_group
 from rstreamer.embedded import free_port
 from rstreamer.keys import Keys
-from rstreamer.messages import DEADLINE, TOKEN, unpack_results
+from rstreamer.messages import DEADLINE, REMAINING, TOKEN, unpack_results
 from support import procs
 from support.procs import wait_until
 from support.system import debian_tool
@@ -70,7 +70,7 @@ def malformed_entry(client: redis.Redis, redis_url: str, prefix: str, token: str
         streamer.submit([21], timeout=30)
         (entry_id, fields), = wait_until(lambda: client.xrange(keys.requests), what="the client's entry")
     client.xdel(keys.requests, entry_id)
-    fields = {k: v for k, v in fields.items() if k != DEADLINE}
+    fields = {k: v for k, v in fields.items() if k not in (DEADLINE, REMAINING)}
     fields[TOKEN] = token.encode()
     return fields
 

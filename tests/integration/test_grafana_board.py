@@ -22,7 +22,7 @@ from rstreamer import RedisStreamer
 from rstreamer.embedded import free_port
 from rstreamer.errors import RStreamerError
 from rstreamer.keys import Keys
-from rstreamer.messages import DEADLINE
+from rstreamer.messages import DEADLINE, REMAINING
 from rstreamer.metrics import ClientMetrics
 from rstreamer.tools import board
 from support import procs
@@ -116,7 +116,7 @@ def run_load(redis_url: str, redis_client, prefix: str, client: ClientMetrics) -
         wait_seconds(10)
         for thread in heavy:
             thread.start()
-        entry = {k: v for k, v in redis_client.xrange(Keys(prefix).requests, count=1)[0][1].items() if k != DEADLINE} \
+        entry = {k: v for k, v in redis_client.xrange(Keys(prefix).requests, count=1)[0][1].items() if k not in (DEADLINE, REMAINING)} \
             if redis_client.xlen(Keys(prefix).requests) else None
         if entry:
             redis_client.xadd(Keys(prefix).requests, entry)  # no deadline: a worker dead-letters it
