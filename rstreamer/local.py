@@ -36,17 +36,29 @@ class LocalItem:
 
 
 class QueueSource:
-    """An ItemSource over a ``queue.Queue`` or a ``multiprocessing`` queue."""
+    """An ItemSource over a ``queue.Queue`` or a ``multiprocessing`` queue.
+
+    A None item is the stop signal. A source takes at most one (and is ``stopped`` from then
+    on), so that N consumers of one queue each take one of N signals: a consumer that swallowed
+    several in one batch would leave the others waiting for a signal that never comes.
+    """
 
     def __init__(self, q: Any) -> None:
         self._queue = q
+        self.stopped = False
 
     def fetch(self, max_items: int, timeout: float) -> list[Any]:
-        items = []
+        items: list[Any] = []
+        if self.stopped:
+            return items
         try:
-            items.append(self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait())
-            while len(items) < max_items:
-                items.append(self._queue.get_nowait())
+            item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+            while item is not None:
+                items.append(item)
+                if len(items) >= max_items:
+                    return items
+                item = self._queue.get_nowait()
+            self.stopped = True
         except queue.Empty:
             pass
         return items
@@ -61,7 +73,7 @@ def serve_queue(
     peers: int = 1,
     cost: CostFunction | None = None,
 ) -> None:
-    """Answer batches from ``source`` until a None item (the stop signal) arrives.
+    """Answer batches from ``source`` until it has taken its stop signal (a None item).
 
     ``peers``: how many consumers (this one included) serve the same source. ``cost``: the
     cost of an input (the model's own ``cost()`` when it defines one).
@@ -69,21 +81,18 @@ def serve_queue(
     model_cost, oom_errors = model_costing(predict)
     cost = cost or model_cost
     oom = OomGuard(oom_error_types(oom_errors), cost_model=policy.cost.cost_model)
-    batcher: Batcher[LocalItem | None] = Batcher(policy, _local_cost(cost) if cost else None, oom, peers)
-    while True:
-        batch, costs = batcher.next_batch(source, _IDLE_WAIT)
-        items = [item for item in batch if item is not None]
+    batcher: Batcher[LocalItem] = Batcher(policy, _local_cost(cost) if cost else None, oom, peers)
+    # Items a costed batcher still holds are answered after the stop signal too.
+    while not source.stopped or len(batcher.window):
+        items, costs = batcher.next_batch(source, _IDLE_WAIT)
         if items:
-            item_costs = [c for item, c in zip(batch, costs) if item is not None]
-            deliver(answer_batch(predict, items, stats, hint=batcher.hint, oom=batcher.oom, costs=item_costs))
-        if len(items) < len(batch):
-            return
+            deliver(answer_batch(predict, items, stats, hint=batcher.hint, oom=batcher.oom, costs=costs))
 
 
-def _local_cost(cost: CostFunction) -> Callable[[LocalItem | None], int]:
-    """The cost of a queued item (the stop signal costs 1)."""
+def _local_cost(cost: CostFunction) -> Callable[[LocalItem], int]:
+    """The cost of a queued item."""
     checked = safe_cost(cost)
-    return lambda item: 1 if item is None else checked(item.payload)
+    return lambda item: checked(item.payload)
 
 
 class _LocalStreamer(BaseStreamer):
@@ -113,9 +122,16 @@ class _LocalStreamer(BaseStreamer):
             self._put(LocalItem(task, index, payload, future.deadline))
         return future
 
+    def destroy_workers(self) -> None:
+        """service-streamer's name of :meth:`close`."""
+        self.close()
+
 
 class ThreadedStreamer(_LocalStreamer):
-    """Batch calls from many threads into one model running in a thread of this process."""
+    """Batch calls from many threads into one model running in a thread of this process.
+
+    ``worker_timeout`` is service-streamer's name of ``timeout`` (seconds a call waits by default).
+    """
 
     def __init__(
         self,
@@ -188,7 +204,8 @@ class Streamer(_LocalStreamer):
     """Batch calls into ``worker_num`` local worker processes (multiprocessing queues).
 
     ``predict_function_or_model`` is a ManagedModel subclass (built in each worker after
-    ``CUDA_VISIBLE_DEVICES`` is set) or a picklable batch function.
+    ``CUDA_VISIBLE_DEVICES`` is set) or a picklable batch function. ``worker_timeout`` is
+    service-streamer's name of ``timeout`` (seconds a call waits by default).
     """
 
     def __init__(
@@ -202,6 +219,7 @@ class Streamer(_LocalStreamer):
         model_init_kwargs: dict[str, Any] | None = None,
         wait_for_worker_ready: bool = False,
         mp_start_method: str = "spawn",
+        worker_timeout: float | None = None,
         *,
         timeout: float | None = None,
         max_queue: int = 0,
@@ -211,7 +229,8 @@ class Streamer(_LocalStreamer):
         max_batch_cost: int | None = None,
         cost_model: CostModel | str = CostModel.PADDED,
     ) -> None:
-        super().__init__(timeout, max_queue)
+        super().__init__(timeout if timeout is not None else worker_timeout, max_queue)
+        self.ready_timeout = ready_timeout
         if mp_start_method not in multiprocessing.get_all_start_methods():
             raise ConfigError(f"unknown mp_start_method {mp_start_method!r}")
         self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=CostBudget(max_batch_cost, cost_model))
@@ -239,10 +258,18 @@ class Streamer(_LocalStreamer):
         self._collector = threading.Thread(target=self._collect, name="rstreamer-collector", daemon=True)
         self._collector.start()
         if wait_for_worker_ready:
-            self.wait_ready(ready_timeout)
+            self.wait_ready()
 
-    def wait_ready(self, timeout: float) -> None:
-        """Block until every worker has loaded its model; raise WorkerStartupError if one fails."""
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every worker has loaded its model.
+
+        Args:
+            timeout: seconds to wait; None: the ``ready_timeout`` given to the constructor.
+
+        Raises:
+            WorkerStartupError: a worker failed to load its model, exited, or was not ready in time.
+        """
+        timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._state_changed:
             while len(self._ready) < len(self._processes):
@@ -255,6 +282,10 @@ class Streamer(_LocalStreamer):
                 if remaining <= 0:
                     raise WorkerStartupError(f"workers not ready within {timeout:g}s")
                 self._state_changed.wait(min(remaining, 0.2))
+
+    def _wait_for_worker_ready(self, timeout: float | None = None) -> None:
+        """service-streamer's name of :meth:`wait_ready`."""
+        self.wait_ready(timeout)
 
     def _put(self, item: LocalItem | None) -> None:
         self._inbox.put(item)
