@@ -21,6 +21,15 @@ class BaseStreamer(abc.ABC):
     def close(self) -> None:
         """Release the streamer's resources; calls made after it fail."""
 
+    def destroy_workers(self) -> None:
+        """Stop the workers this streamer started (service-streamer's API).
+
+        Raises:
+            NotImplementedError: this streamer started no workers (the Redis transport, whose
+                workers run apart from it); call :meth:`close` to release the streamer itself.
+        """
+        raise NotImplementedError(f"{type(self).__name__} starts no workers; call close() to release it")
+
     def __enter__(self) -> BaseStreamer:
         return self
 

@@ -1,6 +1,7 @@
 """Run Redis worker processes, one per GPU slot; replace the ones that die; drain on SIGTERM."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import multiprocessing
@@ -331,12 +332,21 @@ def run_redis_workers_forever(
     cuda_devices: Sequence[int] | None = None,
     redis_broker: str | None = None,
     prefix: str = "",
+    mp_start_method: str = "spawn",
     model_init_args: Sequence[Any] | None = None,
     model_init_kwargs: dict[str, Any] | None = None,
     *,
     settings: WorkerSettings | None = None,
 ) -> int:
-    """Start ``worker_num`` supervised worker processes (round-robin over ``cuda_devices``)."""
+    """Start ``worker_num`` supervised worker processes (round-robin over ``cuda_devices``).
+
+    The arguments and their order are service-streamer's. Run from a thread other than the main
+    one (service-streamer's tests and examples use a daemon thread), the workers are stopped
+    when the interpreter exits, so that the process exits.
+
+    Returns:
+        The supervisor's exit code (see :meth:`Supervisor.run`).
+    """
     from .connection import normalize_broker_url
     from .settings import redis_url_from_env
 
@@ -344,4 +354,25 @@ def run_redis_workers_forever(
         model_class, batch_size, max_latency, normalize_broker_url(redis_broker or redis_url_from_env()),
         prefix, model_init_args, model_init_kwargs, settings or WorkerSettings.from_env(),
     )
-    return Supervisor(spec, round_robin(worker_num, cuda_devices)).run()
+    supervisor = Supervisor(spec, round_robin(worker_num, cuda_devices), mp_start_method=mp_start_method)
+    if threading.current_thread() is threading.main_thread():
+        return supervisor.run()
+    return _run_stopped_at_exit(supervisor)
+
+
+def _run_stopped_at_exit(supervisor: Supervisor) -> int:
+    # At exit, multiprocessing joins every non-daemonic child, and nothing would ever stop ours:
+    # the process would hang. atexit runs the handlers registered last first, so this one drains
+    # the workers before multiprocessing's (registered when it was imported) joins them.
+    finished = threading.Event()
+
+    def stop_and_wait() -> None:
+        supervisor.stop()
+        finished.wait(supervisor.spec.settings.drain_timeout + 10)
+
+    atexit.register(stop_and_wait)
+    try:
+        return supervisor.run()
+    finally:
+        finished.set()
+        atexit.unregister(stop_and_wait)
