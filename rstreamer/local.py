@@ -306,7 +306,12 @@ class Streamer(_LocalStreamer):
 
     def _collect(self) -> None:
         while True:
-            kind, slot, body = self._outbox.get()
+            try:
+                # A timed get waits in select(), which gevent's monkey-patching makes cooperative;
+                # an untimed one blocks in read() and, under gevent, the whole process with it.
+                kind, slot, body = self._outbox.get(timeout=_IDLE_WAIT)
+            except queue.Empty:
+                continue
             if kind == "results":
                 self._route(body)
             elif kind == "stats":

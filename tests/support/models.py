@@ -80,3 +80,13 @@ class Recorder(ManagedModel):
 def echo_outputs(batch: list[Any]) -> list[Any]:
     """Echo; 'tuple-key' answers a dict with a tuple key, which encodes but cannot be decoded."""
     return [{(1, 2): "tuple key"} if item == "tuple-key" else item for item in batch]
+
+
+class Affine(ManagedModel):
+    """x -> x * scale + offset: shows which init args and kwargs reached the model."""
+
+    def init_model(self, scale: int = 1, offset: int = 0) -> None:
+        self.scale, self.offset = scale, offset
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return [item * self.scale + self.offset for item in batch]
