@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import BrokerUnavailable, ConfigError
-from .model import split_import_string
+from .model import import_from_working_directory, split_import_string
 from .settings import DEFAULT_REDIS_URL, WorkerSettings
 
 USAGE = """usage: rstreamer COMMAND [options]
@@ -270,6 +270,7 @@ def configure_logging(level: str, role: str) -> None:
 
 def worker_main(argv: list[str] | None = None) -> int:
     """``rstreamer-worker``: supervise worker processes until SIGTERM; the exit code is the supervisor's."""
+    import_from_working_directory()
     args = parse_worker_args(list(sys.argv[1:] if argv is None else argv), os.environ)
     configure_logging(args.log_level, "supervisor")
     if args.check:

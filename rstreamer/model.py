@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -63,6 +64,18 @@ def split_import_string(ref: str) -> tuple[str, str]:
     if not module_name or not attr:
         raise ConfigError(f"expected 'package.module:Name', got {ref!r}")
     return module_name, attr
+
+
+def import_from_working_directory() -> None:
+    """Put the working directory first on the import path, as gunicorn and uvicorn do.
+
+    A console script's path starts with its own folder, not the one it runs in, so
+    ``rstreamer-worker mymodels:Model`` could not import ``mymodels.py`` next to the user.
+    Worker processes started with ``spawn`` inherit the path.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def import_string(ref: str) -> Any:
