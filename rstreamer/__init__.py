@@ -2,6 +2,7 @@
 from .aclient import AsyncRedisStreamer
 from .batching import BatchPolicy
 from .client import RedisStreamer
+from .codec import register_type
 from .errors import (
     BatchSizeMismatch,
     BrokerUnavailable,
@@ -49,5 +50,6 @@ __all__ = [
     "ThreadedStreamer",
     "WorkerSettings",
     "WorkerStartupError",
+    "register_type",
     "run_redis_workers_forever",
 ]

@@ -285,6 +285,15 @@ def _ext_hook(code: int, data: bytes, depth: int = 0, budget: _Budget | None = N
 _EXT_HOOKS = tuple(functools.partial(_ext_hook, depth=depth) for depth in range(MAX_NESTING + 1))
 
 
+def _unpack_counted(data: bytes | bytearray | memoryview, limit: int) -> Any:
+    try:
+        return msgpack.unpackb(data, **_counting_options(0, _Budget(limit)))
+    except ValueError as exc:
+        if "exceeds max_" not in str(exc):  # msgpack's words for a container over max_*_len
+            raise
+        raise DecodeError(f"message holds more than {limit} objects: {exc}") from exc
+
+
 def unpackb(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_objects: int | None = None) -> Any:
     """Decode bytes from the broker.
 
@@ -312,7 +321,7 @@ def unpackb(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_objects: int | 
             # Every value takes at least one byte and counts at most twice (as an item and as a
             # container): this message cannot exceed the budget, so msgpack runs without hooks.
             return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
-        return msgpack.unpackb(data, **_counting_options(0, _Budget(limit)))
+        return _unpack_counted(data, limit)
     except DecodeError:
         raise
     except Exception as exc:

@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import msgpack
 import numpy as np
@@ -679,6 +680,93 @@ def test_codec_has_no_pickle_import(module):
     assert "import pickle" not in source
     assert "from pickle" not in source
     assert "allow_pickle" not in source
+
+
+# --- object budget: memory, not only bytes --------------------------------------------------
+# One byte of msgpack can be an empty list or map, about 80 bytes once decoded: a 16 MiB item
+# used to become 16.7 M objects and 1.1 GiB. The budget counts one per container and one per item.
+
+MIB = 2**20
+
+
+def _array(count: int) -> bytes:
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def _chunks(element: bytes, total: int, chunk: int) -> bytes:
+    """An array of arrays of ``chunk`` copies of ``element``, about ``total`` bytes in all."""
+    one = _array(chunk) + element * chunk
+    count = (total - 5) // len(one)
+    return _array(count) + one * count
+
+
+def _tuples_of_empty_lists(total: int, chunk: int) -> bytes:
+    inner = _array(chunk) + b"\x90" * chunk
+    one = b"\xc9" + len(inner).to_bytes(4, "big") + bytes([codec.EXT_TUPLE]) + inner
+    count = (total - 5) // len(one)
+    return _array(count) + one * count
+
+
+def test_default_object_budget_follows_max_bytes():
+    assert codec.BYTES_PER_OBJECT == 8 and codec.MIN_MAX_OBJECTS == 1024
+    data = packb(list(range(100)))  # 101 objects
+    assert unpackb(data, max_objects=101) == list(range(100))
+    with pytest.raises(DecodeError, match="more than 100 objects"):
+        unpackb(data, max_objects=100)
+    big = packb([0] * 2000)
+    assert unpackb(big, max_bytes=8 * 2001) == [0] * 2000
+    with pytest.raises(DecodeError, match="more than 2000 objects"):
+        unpackb(big, max_bytes=8 * 2000)
+
+
+def test_item_of_empty_lists_at_the_workers_size_limit_is_refused_from_its_header():
+    # the repro of issue 10 #14: one array of 16 M empty arrays in a 16 MiB item
+    count = 16 * MIB - 5
+    data = _array(count) + b"\x90" * count
+    with pytest.raises(DecodeError, match="more than 2097152 objects"):
+        unpackb(data, max_bytes=16 * MIB)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _chunks(b"\x90", MIB, 2**16),  # empty lists
+        _chunks(b"\x80", MIB, 2**16),  # empty maps
+        _chunks(b"\xa2ab", MIB, 2**14),  # two-character strings
+        _chunks(_array(1) + b"\x90", MIB, 2**14),  # lists of one empty list
+        _tuples_of_empty_lists(MIB, 2**12),  # inside extension values
+    ],
+    ids=["empty-lists", "empty-maps", "short-strings", "nested-lists", "in-tuples"],
+)
+def test_decoding_memory_is_bounded_by_the_object_budget(data):
+    # 1 MiB of these used to take 70-80 MiB to decode; the budget (max_bytes / 8 objects) stops
+    # them at about 10 MiB.
+    assert len(data) <= MIB
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError, match="objects"):
+            unpackb(data, max_bytes=MIB)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * MIB, f"decoding took {peak / MIB:.0f} MiB"
+
+
+def test_a_list_of_floats_up_to_max_bytes_fits_the_default_budget():
+    count = (MIB - 5) // 9
+    data = packb([0.5] * count)
+    assert len(data) <= MIB
+    assert unpackb(data, max_bytes=MIB) == [0.5] * count
+    assert unpackb(data, max_bytes=MIB, max_objects=count + 1) == [0.5] * count
+
+
+def test_small_messages_skip_the_counting_hooks(monkeypatch):
+    # the hot path: a message that cannot exceed the budget is decoded by msgpack alone
+    def forbidden(*args, **kwargs):
+        raise AssertionError("counted a small message")
+
+    monkeypatch.setattr(codec, "_counting_options", forbidden)
+    assert unpackb(packb({"text": "x" * 1000, "ids": list(range(100)), "pair": (1, 2)})) is not None
 
 
 # --- properties (hypothesis) ---------------------------------------------------------------
