@@ -93,6 +93,8 @@ def dumps(document: Any) -> bytes:
 def _to_json(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
+    if isinstance(value, (set, frozenset)):  # the codec keeps sets; JSON has only arrays
+        return list(value)
     raise HTTPError(500, "UnserializableOutput", f"the model returned a {type(value).__name__}, which JSON cannot carry")
 
 

@@ -84,6 +84,11 @@ def test_outputs_become_json_and_unserializable_ones_fail_clearly():
     assert (raised.value.status, raised.value.error_type) == (500, "UnserializableOutput")
 
 
+def test_sets_from_the_codec_become_json_arrays():
+    # sets used to reach the web app as lists; now they keep their type over Redis
+    assert json.loads(protocol.outputs_body([{3}, frozenset({"a"}), ("x", 1)])) == {"outputs": [[3], ["a"], ["x", 1]]}
+
+
 def test_readiness_counts_only_recent_heartbeats():
     workers = {"a": {"seen_ms": 10_000}, "b": {"seen_ms": 7_000}}
     status, body = protocol.readiness(11_000, workers, dead_after=2.0, prefix="p")
