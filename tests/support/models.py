@@ -78,8 +78,9 @@ class Recorder(ManagedModel):
 
 
 def echo_outputs(batch: list[Any]) -> list[Any]:
-    """Echo; 'tuple-key' answers a dict with a tuple key, which encodes but cannot be decoded."""
-    return [{(1, 2): "tuple key"} if item == "tuple-key" else item for item in batch]
+    """Echo; 'tuple-key' answers 8.4 M zeros: they encode (8 MB) but hold more objects than a client
+    decodes (64 MiB / 8). (A dict with a tuple key was the example until tuples got a codec.)"""
+    return [[0] * 8_400_000 if item == "tuple-key" else item for item in batch]
 
 
 class Affine(ManagedModel):

@@ -249,9 +249,9 @@ def test_a_version_2_reply_carries_its_version_and_each_output_encoded_alone():
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_an_output_that_encodes_but_cannot_decode_fails_alone(version):
-    # A dict with tuple keys encodes (as a map with array keys) but no client can decode it.
-    results = [(0, Outcome(True, value={(1, 2): "tuple key"})), (1, Outcome(True, value="good"))]
-    unpacked = unpack_results(pack_results(results, version))
+    # 20,000 zeros encode in 20 kB but hold more objects than a client with a 100 kB limit decodes.
+    results = [(0, Outcome(True, value=[0] * 20_000)), (1, Outcome(True, value="good"))]
+    unpacked = unpack_results(pack_results(results, version, max_bytes=100_000))
     assert unpacked[1] == (1, Outcome(True, value="good"))
     failure = unpacked[0][1].failure
     assert (failure.type, failure.kind) == ("EncodeError", "remote")
