@@ -24,8 +24,11 @@ class RecordingModel:
         self.limit = limit
         self.batches: list[list[int]] = []
         self.lock = threading.Lock()
+        self.gate = threading.Event()
+        self.gate.set()
 
     def __call__(self, batch: list[str]) -> list[int]:
+        self.gate.wait(timeout=30)
         costs = [len(item) for item in batch]
         with self.lock:
             self.batches.append(costs)
@@ -56,8 +59,12 @@ def test_out_of_memory_splits_learns_a_cap_and_no_call_fails():
     model = RecordingModel(limit=600)
     items = lengths(400, seed=9)
     items = [item for item in items if len(item) <= 600]
-    with ThreadedStreamer(model, batch_size=64, max_latency=0.01, cost=len) as streamer, ThreadPoolExecutor(32) as pool:
-        answers = list(pool.map(lambda item: streamer.predict([item])[0], items))
+    with ThreadedStreamer(model, batch_size=64, max_latency=0.01, cost=len) as streamer:
+        # The model waits until every call is queued, so the batches are full and over the limit.
+        model.gate.clear()
+        futures = [streamer.submit([item]) for item in items]
+        model.gate.set()
+        answers = [future.result(timeout=30)[0] for future in futures]
     assert answers == [len(item) for item in items]  # 0 failed calls
     ooms = [costs for costs in model.batches if batch_cost(costs) > 600]
     assert ooms, "the load never reached the hidden limit: the test proves nothing"
