@@ -193,6 +193,34 @@ def packb(value: Any) -> bytes:
         raise EncodeError(str(exc)) from exc
 
 
+def packb_legacy(value: Any) -> bytes:
+    """Encode a value as wire version 1 (rstreamer before the standard-type extensions) did,
+    for an answer to a client of that version: tuples and sets as lists, numpy arrays and torch
+    tensors as extensions, nothing else. A worker of this version answers old clients so
+    during a rolling upgrade.
+
+    Raises:
+        EncodeError: the value holds a type that version 1 could not send.
+    """
+    try:
+        return msgpack.packb(value, use_bin_type=True, datetime=False, default=_legacy_default)
+    except EncodeError:
+        raise
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise EncodeError(str(exc)) from exc
+
+
+def _legacy_default(obj: Any) -> Any:
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    module = type(obj).__module__
+    if module == "numpy" or module.startswith("torch"):
+        value = _encode_lazy(obj, 0)
+        if value is not _MISSING:
+            return value
+    raise EncodeError(f"a client of wire version 1 cannot receive a value of type {type(obj).__qualname__}")
+
+
 # --- decoding ------------------------------------------------------------------------------
 
 

@@ -202,10 +202,11 @@ def _failure_row(index: int, failure: Failure) -> list[Any]:
     return [index, False, [failure.type, failure.message, failure.kind]]
 
 
-def _encoded_output(value: Any, max_bytes: int) -> bytes | Failure:
-    """``value`` encoded, or why a client could not receive it: it must decode within the limits."""
+def _encoded_output(value: Any, max_bytes: int, version: int = WIRE_VERSION) -> bytes | Failure:
+    """``value`` encoded, or why a client could not receive it: it must decode within the limits.
+    A client of the previous version gets the previous encoding (see codec.packb_legacy)."""
     try:
-        data = codec.packb(value)
+        data = codec.packb_legacy(value) if version == PREVIOUS_VERSION else codec.packb(value)
     except EncodeError as exc:
         return Failure("EncodeError", f"model output cannot be sent: {exc}")
     try:
@@ -227,7 +228,7 @@ def _bin_header(size: int) -> bytes:
 def _row_bytes(index: int, outcome: Outcome[Any], version: int, max_bytes: int) -> bytes:
     """One reply row, msgpack-encoded."""
     if outcome.ok:
-        output = _encoded_output(outcome.value, max_bytes - _ENVELOPE)
+        output = _encoded_output(outcome.value, max_bytes - _ENVELOPE, version)
         if isinstance(output, bytes):
             head = msgpack.packb(index) + msgpack.packb(True)
             if version != PREVIOUS_VERSION:

@@ -312,3 +312,20 @@ def test_a_refusal_says_why(reply, words):
     admission = Admission.parse(reply)
     assert admission.accepted == reply[0]
     assert words in str(admission.error("p", QueueLimits(10, 2000, "workers")))
+
+
+def test_a_version_1_reply_carries_the_values_a_version_1_client_can_decode():
+    """During a rolling upgrade an old client reads new workers' answers: tuples and sets as
+    lists, arrays as before, and a value it cannot decode fails alone instead of the message."""
+    import numpy as np
+
+    from rstreamer import codec
+    from rstreamer.batching import Outcome
+    from rstreamer.messages import PREVIOUS_VERSION, pack_results
+
+    [message] = pack_results([(0, Outcome(True, value=(1, 2, {3}))), (1, Outcome(True, value=np.arange(2))),
+                              (2, Outcome(True, value=2**70))], version=PREVIOUS_VERSION)
+    rows = codec.unpackb(message)
+    assert rows[0] == [0, True, [1, 2, [3]]]
+    assert rows[1][2].tolist() == [0, 1]
+    assert rows[2][:2] == [2, False] and "wire version 1" in rows[2][2][1]
