@@ -31,6 +31,7 @@ from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCov
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from . import lua
 from .errors import BrokerUnavailable, ConfigError
 from .keys import Keys
 from .settings import DEFAULT_REDIS_URL
@@ -301,14 +302,15 @@ def broker_errors(url: str = "") -> Iterator[None]:
 
 
 def ensure_group(client: RedisClient, keys: Keys) -> None:
-    """Create the request stream and its consumer group if missing (idempotent)."""
-    try:
-        client.xgroup_create(keys.requests, keys.group, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
+    """Create the request stream and its consumer group if missing (idempotent).
+
+    A script flagged allow-oom: XGROUP CREATE alone is refused at maxmemory, even for a group
+    that exists, and a worker starting while Redis is full must still start.
+    """
+    client.register_script(lua.ENSURE_GROUP)(keys=[keys.requests], args=[keys.group])
 
 
 def is_nogroup(exc: BaseException) -> bool:
     """True for the error Redis gives when the stream or its group vanished."""
-    return isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc)
+    # XREADGROUP and XPENDING say NOGROUP; XINFO says "no such key" when the stream is gone.
+    return isinstance(exc, redis.ResponseError) and ("NOGROUP" in str(exc) or "no such key" in str(exc).lower())

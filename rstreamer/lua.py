@@ -69,8 +69,9 @@ return {calls, 0, 0}
 """
 
 # KEYS[1] workers hash. ARGV: consumer name, JSON info, key TTL in ms.
-# The server's clock stamps the beat, so liveness never depends on clocks agreeing.
-HEARTBEAT = """
+# The server's clock stamps the beat, so liveness never depends on clocks agreeing. allow-oom
+# (see FINISH below): a worker at maxmemory must not look dead and be robbed.
+HEARTBEAT = """#!lua flags=allow-oom
 local now = redis.call('TIME')
 local info = cjson.decode(ARGV[2])
 info['seen_ms'] = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -85,4 +86,99 @@ return info['seen_ms']
 READ_WORKERS = """
 local now = redis.call('TIME')
 return {now[1], now[2], redis.call('HGETALL', KEYS[1])}
+"""
+
+# The worker's scripts below carry `#!lua flags=allow-oom` (Redis 7): Redis refuses every
+# command of a MULTI, and every memory-growing command of a script without the flag, once used
+# memory is over maxmemory. A worker must still be able to answer, ack and delete then, or the
+# queue that filled Redis could never drain: deleting answered entries is what frees memory.
+# The overshoot is bounded by what one call of a script writes (one batch's replies and dead
+# letters, one heartbeat, one consumer group).
+
+# KEYS[1] request stream, KEYS[2] dead-letter stream, KEYS[3..] reply lists.
+# ARGV: group, reply TTL ms, number of ids to ack, number of dead letters, dead-letter max
+# length, dead-letter max bytes; then one packed reply per reply list; then per dead letter its
+# field count followed by its fields and values; then the ids to ack and delete.
+# Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse.
+FINISH = """#!lua flags=allow-oom
+local group, ttl = ARGV[1], ARGV[2]
+local acks, letters = tonumber(ARGV[3]), tonumber(ARGV[4])
+local dead_len, dead_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
+local a = 7
+for k = 3, #KEYS do
+  redis.call('RPUSH', KEYS[k], ARGV[a])
+  redis.call('PEXPIRE', KEYS[k], ttl)
+  a = a + 1
+end
+for _ = 1, letters do
+  local n = tonumber(ARGV[a])
+  redis.call('XADD', KEYS[2], '*', unpack(ARGV, a + 1, a + n))
+  a = a + n + 1
+end
+if letters > 0 then
+  redis.call('XTRIM', KEYS[2], 'MAXLEN', dead_len)
+  -- Oldest first until the stream fits in dead_bytes; a record's fields understate what its
+  -- removal frees, so this trims at least enough. The newest record always stays.
+  local over = redis.call('MEMORY', 'USAGE', KEYS[2], 'SAMPLES', 0) - dead_bytes
+  while over > 0 do
+    local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 2)
+    if #oldest < 2 then break end
+    local size = 0
+    for _, v in ipairs(oldest[1][2]) do size = size + #v end
+    redis.call('XDEL', KEYS[2], oldest[1][1])
+    over = over - size
+  end
+end
+while acks > 0 do
+  local n = math.min(acks, 1000)
+  redis.call('XACK', KEYS[1], group, unpack(ARGV, a, a + n - 1))
+  redis.call('XDEL', KEYS[1], unpack(ARGV, a, a + n - 1))
+  a, acks = a + n, acks - n
+end
+return 1
+"""
+
+# KEYS[1] request stream. ARGV: group. Creates the stream and its group if missing.
+ENSURE_GROUP = """#!lua flags=allow-oom
+local reply = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+if type(reply) == 'table' and reply.err and not string.find(reply.err, 'BUSYGROUP') then
+  return redis.error_reply(reply.err)
+end
+return 1
+"""
+
+# KEYS[1] request stream. ARGV: group, consumer, exclusive start id ('-' for the first), count.
+# This consumer's own pending entries after the start id, with their fields (nil for an entry
+# deleted meanwhile). Read with XPENDING and XRANGE, not XREADGROUP from an id: re-reading
+# one's own backlog after a failed reply is not a new delivery and must not count toward
+# max_deliveries.
+READ_OWN_PENDING = """
+local start = ARGV[3]
+if start ~= '-' then start = '(' .. start end
+local rows = redis.call('XPENDING', KEYS[1], ARGV[1], start, '+', ARGV[4], ARGV[2])
+local entries = {}
+for i, row in ipairs(rows) do
+  local found = redis.call('XRANGE', KEYS[1], row[1], row[1])
+  entries[i] = {row[1], found[1] and found[1][2] or false}
+end
+return entries
+"""
+
+# KEYS[1] request stream, KEYS[2] workers hash. ARGV: group, consumer, dead_after ms.
+# Remove a dead consumer only if, at this instant, it holds no entry and has not read for
+# dead_after: a consumer that was stalled but is alive may read between a listing and the
+# delete, and XGROUP DELCONSUMER would drop the entries it just read from every pending list.
+# Returns 1 if removed.
+FORGET_CONSUMER = """
+for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for i = 1, #consumer, 2 do info[consumer[i]] = consumer[i + 1] end
+  if info['name'] == ARGV[2] then
+    if info['pending'] > 0 or info['idle'] <= tonumber(ARGV[3]) then return 0 end
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+    redis.call('HDEL', KEYS[2], ARGV[2])
+    return 1
+  end
+end
+return 0
 """
