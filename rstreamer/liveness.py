@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +50,11 @@ def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms:
 
 
 class Heartbeat:
-    """Beats every ``interval`` seconds from a thread of its own, so a long batch keeps its lease."""
+    """One worker's entry in the workers hash: beat, and remove it when the worker stops.
+
+    The beats come from a process of their own (:mod:`rstreamer.beater`), so a model that holds
+    the GIL cannot starve them; the worker beats once itself at start, before it serves.
+    """
 
     def __init__(
         self,
@@ -59,44 +62,35 @@ class Heartbeat:
         keys: Keys,
         name: str,
         info: Callable[[], dict[str, Any]],
-        interval: float,
         ttl: float,
     ) -> None:
         self._client = client
         self._keys = keys
         self._name = name
         self._info = info
-        self._interval = interval
         self._ttl_ms = int(ttl * 1000)
         self._script = client.register_script(lua.HEARTBEAT)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
         self._failing = False
 
     def beat(self) -> None:
+        """Stamp this worker live now (raises redis errors)."""
         self._script(keys=[self._keys.workers], args=[self._name, json.dumps(self._info()), self._ttl_ms])
 
-    def start(self) -> None:
-        self.beat()
-        self._thread.start()
+    def beat_logged(self) -> None:
+        """Beat; a failure is logged once per outage, not raised (the next beat retries)."""
+        try:
+            self.beat()
+        except redis.RedisError as exc:
+            if not self._failing:
+                logger.warning("worker %s: heartbeat failed: %s", self._name, exc)
+            self._failing = True
+            return
+        if self._failing:
+            logger.info("worker %s: heartbeat restored", self._name)
+        self._failing = False
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self._interval):
-            try:
-                self.beat()
-                if self._failing:
-                    logger.info("worker %s: heartbeat restored", self._name)
-                self._failing = False
-            except redis.RedisError as exc:
-                if not self._failing:
-                    logger.warning("worker %s: heartbeat failed: %s", self._name, exc)
-                self._failing = True
-
-    def stop(self) -> None:
-        """Stop beating and remove this worker's entry."""
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._interval + 5)
+    def remove(self) -> None:
+        """Remove this worker's entry: it no longer serves."""
         try:
             self._client.hdel(self._keys.workers, self._name)
         except redis.RedisError as exc:

@@ -96,19 +96,20 @@ return {now[1], now[2], redis.call('HGETALL', KEYS[1])}
 # letters, one heartbeat, one consumer group).
 
 # KEYS[1] request stream, KEYS[2] dead-letter stream, KEYS[3..] reply lists.
-# ARGV: group, reply TTL ms, number of ids to ack, number of dead letters, dead-letter max
-# length, dead-letter max bytes; then one packed reply per reply list; then per dead letter its
-# field count followed by its fields and values; then the ids to ack and delete.
+# ARGV: group, number of ids to ack, number of dead letters, dead-letter max length, dead-letter
+# max bytes; then per reply list its TTL in ms, its number of messages and the messages; then per
+# dead letter its field count followed by its fields and values; then the ids to ack and delete.
 # Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse.
 FINISH = """#!lua flags=allow-oom
-local group, ttl = ARGV[1], ARGV[2]
-local acks, letters = tonumber(ARGV[3]), tonumber(ARGV[4])
-local dead_len, dead_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
-local a = 7
+local group = ARGV[1]
+local acks, letters = tonumber(ARGV[2]), tonumber(ARGV[3])
+local dead_len, dead_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
+local a = 6
 for k = 3, #KEYS do
-  redis.call('RPUSH', KEYS[k], ARGV[a])
+  local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
+  redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
   redis.call('PEXPIRE', KEYS[k], ttl)
-  a = a + 1
+  a = a + 2 + n
 end
 for _ = 1, letters do
   local n = tonumber(ARGV[a])

@@ -6,6 +6,7 @@ from typing import Any
 
 import redis
 
+from . import lua
 from .keys import Keys
 from .liveness import live_workers, read_workers
 
@@ -54,6 +55,7 @@ class Reclaimer:
         self._me = me
         self._dead_after_ms = int(dead_after * 1000)
         self._min_idle_ms = int(min_idle * 1000)
+        self._forget = client.register_script(lua.FORGET_CONSUMER)
 
     def dead_consumers(self) -> list[tuple[str, int]]:
         """``(name, pending count)`` of every consumer in the group without a live heartbeat."""
@@ -84,9 +86,12 @@ class Reclaimer:
         )
         return [(entry_id, fields) for entry_id, fields in claimed]
 
-    def forget(self, consumer: str) -> None:
-        """Remove a dead consumer that holds nothing any more."""
-        pipe = self._client.pipeline(transaction=False)
-        pipe.xgroup_delconsumer(self._keys.requests, self._keys.group, consumer)
-        pipe.hdel(self._keys.workers, consumer)
-        pipe.execute()
+    def forget(self, consumer: str) -> bool:
+        """Remove a dead consumer that holds nothing; True if it was removed.
+
+        Re-checked and deleted in one script (lua.FORGET_CONSUMER): a stalled consumer that
+        read entries since :meth:`dead_consumers` listed it keeps them.
+        """
+        removed = self._forget(keys=[self._keys.requests, self._keys.workers],
+                               args=[self._keys.group, consumer, self._dead_after_ms])
+        return bool(removed)

@@ -69,7 +69,13 @@ class ClientSettings(_EnvSettings):
 
 @dataclass(frozen=True)
 class WorkerSettings(_EnvSettings):
-    """Worker-side settings: batching, liveness, reclaim and delivery limits (seconds)."""
+    """Worker-side settings: batching, liveness, reclaim and delivery limits (seconds).
+
+    stuck_after: a worker that reports no progress for this long (one batch that long, a
+    deadlock, a stopped process) is declared stuck: it is killed, so that its supervisor
+    replaces it, and its entries are reclaimed. dead_max_len, dead_max_bytes: the dead-letter
+    stream keeps at most this many records and about this many bytes (the newest ones).
+    """
 
     batch_size: int = 64
     max_latency: float = 0.1
@@ -81,15 +87,22 @@ class WorkerSettings(_EnvSettings):
     idle_block: float = 1.0
     drain_timeout: float = 30.0
     max_item_bytes: int = 16 * 1024 * 1024
+    stuck_after: float = 300.0
+    dead_max_len: int = 10_000
+    dead_max_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _positive("max_latency", self.max_latency, allow_zero=True)
         for name in ("heartbeat_interval", "reclaim_interval", "reply_ttl", "idle_block",
-                     "drain_timeout", "max_item_bytes"):
+                     "drain_timeout", "max_item_bytes", "dead_max_len", "dead_max_bytes"):
             _positive(name, getattr(self, name))
         if not self.dead_after > 2 * self.heartbeat_interval:
             raise ConfigError("dead_after must exceed twice the heartbeat_interval")
         if self.max_deliveries < 1:
             raise ConfigError("max_deliveries must be >= 1")
+        # A step of an idle worker blocks up to idle_block, one filling a batch up to twice
+        # max_latency: neither may look like a stuck worker.
+        if not self.stuck_after > self.dead_after + self.idle_block + 2 * self.max_latency:
+            raise ConfigError("stuck_after must exceed dead_after + idle_block + 2 * max_latency")

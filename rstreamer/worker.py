@@ -6,6 +6,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -18,6 +19,8 @@ import redis
 from .batching import (
     BatchHint, BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch, collect_batch,
 )
+from . import lua
+from .beater import Beater
 from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .hooks import WorkerHooks
 from .keys import Keys
@@ -33,7 +36,8 @@ from .settings import WorkerSettings, redis_url_from_env
 logger = logging.getLogger(__name__)
 
 Entry = tuple[bytes, "dict[bytes, bytes] | None"]
-DEAD_LETTER_MAXLEN = 10_000
+MAX_RETRY_DELAY = 10.0
+"""Longest wait between two attempts to reach Redis at start-up."""
 
 
 @dataclass(frozen=True)
@@ -65,32 +69,60 @@ class WorkerStats(BatchStats):
 
 
 class StreamSource:
-    """The ItemSource of a worker: XREADGROUP on the prefix's request stream."""
+    """The ItemSource of a worker: XREADGROUP on the prefix's request stream.
+
+    After a failed reply (see :meth:`rewind`), the entries this consumer read but could not
+    ack are served again first, each once, in id order, from a cursor; only then new ones.
+    """
 
     def __init__(self, client: redis.Redis, keys: Keys, consumer: str) -> None:
         self._client = client
         self._keys = keys
         self._consumer = consumer
-        # After a failed reply, re-read our own unacked entries (id 0) before new ones.
-        self.own_backlog_first = True
+        self._own_pending = client.register_script(lua.READ_OWN_PENDING)
+        # The last own pending entry served, "-" for none yet; None: serve new entries.
+        self._cursor: str | None = "-"
+
+    def rewind(self) -> None:
+        """Serve this consumer's own unacked entries again, before new ones."""
+        self._cursor = "-"
 
     def fetch(self, max_items: int, timeout: float) -> list[Entry]:
-        start_id = "0" if self.own_backlog_first else ">"
+        if self._cursor is not None:
+            backlog = self._read_own_pending(max_items)
+            if backlog:
+                return backlog
+            self._cursor = None
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms; no BLOCK: no wait.
-        block = max(1, int(timeout * 1000)) if timeout > 0 and start_id == ">" else None
+        block = max(1, int(timeout * 1000)) if timeout > 0 else None
         try:
             reply = self._client.xreadgroup(
-                self._keys.group, self._consumer, {self._keys.requests: start_id}, count=max_items, block=block
+                self._keys.group, self._consumer, {self._keys.requests: ">"}, count=max_items, block=block
             )
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             ensure_group(self._client, self._keys)
             return []
-        entries = [(entry_id, fields) for _, stream_entries in (reply or []) for entry_id, fields in stream_entries]
-        if start_id == "0" and not entries:
-            self.own_backlog_first = False
+        return [(entry_id, fields) for _, stream_entries in (reply or []) for entry_id, fields in stream_entries]
+
+    def _read_own_pending(self, max_items: int) -> list[Entry]:
+        # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.
+        try:
+            rows = self._own_pending(keys=[self._keys.requests],
+                                     args=[self._keys.group, self._consumer, self._cursor, max_items])
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            return []  # the stream is gone, and our pending entries with it
+        entries = [(entry_id, _field_dict(flat)) for entry_id, flat in rows]
+        if entries:
+            self._cursor = entries[-1][0].decode()
         return entries
+
+
+def _field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
+    return None if flat is None else dict(zip(flat[::2], flat[1::2]))
 
 
 class RedisWorker:
@@ -127,16 +159,21 @@ class RedisWorker:
         self._init_kwargs = model_init_kwargs
         self._predict: Predictor = _not_loaded
         self._stopping = threading.Event()
+        self._watchdog: threading.Timer | None = None
         self._started = time.time()
-        self._redis = create_redis(self.url, socket_timeout=self.settings.idle_block + 5.0)
+        # The longest read blocks for idle_block (waiting for a first item) or max_latency
+        # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
+        self._redis = create_redis(self.url, socket_timeout=max(self.settings.idle_block, max_latency) + 5.0)
         self._source = StreamSource(self._redis, self.keys, self.name)
         self._reclaimer = Reclaimer(
             self._redis, self.keys, self.name, self.settings.dead_after, self.settings.heartbeat_interval
         )
-        self._heartbeat = Heartbeat(
-            self._redis, self.keys, self.name, self._info,
-            self.settings.heartbeat_interval, ttl=self.settings.dead_after * 10,
-        )
+        self._finish_script = self._redis.register_script(lua.FINISH)
+        heartbeat_ttl = self.settings.dead_after * 10
+        self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
+        self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,
+                              interval=self.settings.heartbeat_interval, ttl=heartbeat_ttl,
+                              stuck_after=self.settings.stuck_after)
         self._next_reclaim = 0.0
         self._hint = BatchHint()
         self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
@@ -152,20 +189,49 @@ class RedisWorker:
         """Ask the worker to finish its current batch and exit (safe from a signal handler)."""
         self._stopping.set()
 
-    def run_forever(self) -> None:
-        """Load the model, then serve until ``stop()`` (or SIGTERM/SIGINT in the main thread)."""
+    def run_forever(self, gpu_id: int | None = None) -> None:
+        """Load the model, then serve until ``stop()`` (or SIGTERM/SIGINT in the main thread).
+
+        ``gpu_id`` (service-streamer's argument) is the GPU the model is told it runs on, as
+        the constructor's ``gpu_id``; placing the process on it (CUDA_VISIBLE_DEVICES) is the
+        supervisor's job.
+        """
+        if gpu_id is not None:
+            self.gpu_id = gpu_id
         self._install_signal_handlers()
         if self._predict is _not_loaded:
             self._predict = load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs)
-        ensure_group(self._redis, self.keys)
-        self._heartbeat.start()
+        warn_if_gpu_invisible(self.gpu_id)
+        if not self._connect():
+            self._finish_drain()
+            return
+        self._beater.start()
         logger.info("worker %s: serving prefix %r on %s, batch %d, max latency %.3fs",
                     self.name, self.keys.prefix, redacted(self.url), self.policy.batch_size, self.policy.max_latency)
         try:
             while not self._stopping.is_set():
+                self._beater.tick()
                 self.step()
         finally:
             self._shutdown()
+
+    def _connect(self) -> bool:
+        """Create the stream and group and beat once, retrying with backoff until Redis answers.
+
+        False if the worker was stopped meanwhile.
+        """
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                ensure_group(self._redis, self.keys)
+                self._heartbeat.beat()
+                return True
+            except redis.RedisError as exc:
+                logger.warning("worker %s: cannot start serving prefix %r: Redis at %s: %s: %s; retrying in %.1fs",
+                               self.name, self.keys.prefix, redacted(self.url), type(exc).__name__, exc, delay)
+            self._stopping.wait(delay)
+            delay = min(delay * 2, MAX_RETRY_DELAY)
+        return False
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -176,12 +242,19 @@ class RedisWorker:
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only set flags here; the loop drains. The watchdog bounds a batch that never ends.
         self._stopping.set()
-        watchdog = threading.Timer(self.settings.drain_timeout, os._exit, args=(1,))
-        watchdog.daemon = True
-        watchdog.start()
+        if self._watchdog is None:
+            self._watchdog = threading.Timer(self.settings.drain_timeout, os._exit, args=(1,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _finish_drain(self) -> None:
+        """The drain is over: the watchdog must not end the process that goes on."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
     def _shutdown(self) -> None:
-        self._heartbeat.stop()
+        self._beater.stop()
         try:
             pending = self._redis.xpending_range(self.keys.requests, self.keys.group, "-", "+", 1, self.name)
             if not pending:
@@ -190,6 +263,7 @@ class RedisWorker:
             logger.warning("worker %s: could not deregister: %s", self.name, exc)
         self._redis.close()
         logger.info("worker %s: stopped after %d batches, %d items", self.name, self.stats.batches, self.stats.items)
+        self._finish_drain()
 
     # one iteration ---------------------------------------------------------------------
 
@@ -208,7 +282,7 @@ class RedisWorker:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._back_off(f"Redis unavailable ({exc})")
         except redis.RedisError as exc:
-            # e.g. OOM under maxmemory or a failover's READONLY: transient, keep the worker alive.
+            # e.g. a failover's READONLY: transient, keep the worker alive.
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
 
     def _count_peers(self) -> None:
@@ -222,11 +296,12 @@ class RedisWorker:
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
-        # Whatever was read but not acked is re-read from our own pending list.
-        self._source.own_backlog_first = True
+        # Whatever was read but not acked is served again from our own pending list.
+        self._source.rewind()
         self._stopping.wait(1.0)
 
     def _process(self, entries: list[Entry]) -> None:
+        self._beater.tick()
         requests: list[Request] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
@@ -241,29 +316,45 @@ class RedisWorker:
                     answers.append(Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead"), exc.version))
         ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
                            hint=self._hint)
+        self._beater.tick()
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
         self._finish(answers, dead, [entry_id for entry_id, _ in entries])
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:
-        """Replies, dead letters, XACK and XDEL in one MULTI: no reply without its ack."""
+        """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
+        (lua.FINISH): no reply without its ack, and a full Redis still drains."""
         by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
             by_reply[self.keys.reply(answer.token)].append(answer)
-        pipe = self._redis.pipeline(transaction=True)
         now = self._clock.now()
-        for reply_key, replies in by_reply.items():
+        replies: list[bytes | int] = []
+        for rows in by_reply.values():
             # One token is one client, which speaks one version.
-            pipe.rpush(reply_key, *pack_results([(a.index, a.outcome) for a in replies], replies[0].version))
-            pipe.pexpire(reply_key, reply_ttl_ms(self.settings.reply_ttl, [a.deadline for a in replies], now))
+            messages = pack_results([(a.index, a.outcome) for a in rows], rows[0].version)
+            replies += [reply_ttl_ms(self.settings.reply_ttl, [a.deadline for a in rows], now), len(messages),
+                        *messages]
+        letters: list[bytes | int] = []
         for letter in dead:
-            record = {b"entry": letter.entry_id, b"reason": letter.reason.encode(), b"worker": self.name.encode()}
-            record.update({b"f_" + k: v for k, v in (letter.fields or {}).items()})
-            pipe.xadd(self.keys.dead, record, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
-        if ack_ids:
-            pipe.xack(self.keys.requests, self.keys.group, *ack_ids)
-            pipe.xdel(self.keys.requests, *ack_ids)
-        pipe.execute()
+            record = self._dead_record(letter)
+            letters += [len(record), *record]
+        settings = self.settings
+        self._finish_script(
+            keys=[self.keys.requests, self.keys.dead, *by_reply],
+            args=[self.keys.group, len(ack_ids), len(dead), settings.dead_max_len, settings.dead_max_bytes,
+                  *replies, *letters, *ack_ids],
+        )
         self.stats.dead_lettered += len(dead)
+
+    def _dead_record(self, letter: DeadLetter) -> list[bytes]:
+        """A dead letter's fields and values, flat; fields that alone exceed the byte cap are
+        replaced by their size."""
+        record = {b"entry": letter.entry_id, b"reason": letter.reason.encode(), b"worker": self.name.encode()}
+        for name, value in (letter.fields or {}).items():
+            if len(value) > self.settings.dead_max_bytes // 2:
+                record[b"dropped_" + name] = str(len(value)).encode()
+            else:
+                record[b"f_" + name] = value
+        return [part for pair in record.items() for part in pair]
 
     # reclaim ---------------------------------------------------------------------------
 
@@ -278,9 +369,8 @@ class RedisWorker:
         for consumer, pending in dead:
             if pending:
                 self._take_over(consumer)
-            else:
-                logger.info("worker %s: removing dead consumer %s", self.name, consumer)
-                self._reclaimer.forget(consumer)
+            elif self._reclaimer.forget(consumer):
+                logger.info("worker %s: removed dead consumer %s", self.name, consumer)
 
     def _take_over(self, consumer: str) -> None:
         plan = plan_reclaim(self._reclaimer.pending_of(consumer), self.settings.max_deliveries)
@@ -289,12 +379,12 @@ class RedisWorker:
         if plan.dead:
             claimed = self._reclaimer.claim([e.entry_id for e in plan.dead])
             self._dead_letter_claimed(claimed, {e.entry_id: e.deliveries for e in plan.dead})
-        if plan.batch:
-            claimed = self._reclaimer.claim(plan.batch)
-            self.stats.reclaimed += len(claimed)
-            self._process(claimed)
-        for entry_id in plan.single:
-            claimed = self._reclaimer.claim([entry_id])
+        # Claimed one batch at a time, at most our batch size: what we have not claimed yet
+        # stays with the dead consumer, for an idle peer to claim meanwhile.
+        size = self.policy.batch_size
+        chunks = [plan.batch[i:i + size] for i in range(0, len(plan.batch), size)] + [[e] for e in plan.single]
+        for chunk in chunks:
+            claimed = self._reclaimer.claim(chunk)
             self.stats.reclaimed += len(claimed)
             if claimed:
                 self._process(claimed)
@@ -310,6 +400,20 @@ class RedisWorker:
                 answers.append(Answer(*address, _failed("DeadLettered", reason, "dead"), reply_version(fields)))
         self._finish(answers, dead, [entry_id for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
+
+
+def warn_if_gpu_invisible(gpu_id: int | None) -> None:
+    """Say loudly when the model was placed on a GPU that torch (if the model loaded it) cannot see."""
+    torch = sys.modules.get("torch")  # never imported here: only a model that uses torch has it
+    if gpu_id is None or torch is None:
+        return
+    try:
+        visible = int(torch.cuda.device_count())
+    except Exception:  # a broken CUDA install: the model's own calls will say more
+        visible = 0
+    if visible == 0:
+        logger.error("GPU %s was requested but torch sees no CUDA device (CUDA_VISIBLE_DEVICES=%s): "
+                     "the model runs on the CPU", gpu_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def _failed(error_type: str, message: str, kind: str) -> Outcome[Any]:
