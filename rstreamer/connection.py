@@ -312,5 +312,8 @@ def ensure_group(client: RedisClient, keys: Keys) -> None:
 
 def is_nogroup(exc: BaseException) -> bool:
     """True for the error Redis gives when the stream or its group vanished."""
-    # XREADGROUP and XPENDING say NOGROUP; XINFO says "no such key" when the stream is gone.
-    return isinstance(exc, redis.ResponseError) and ("NOGROUP" in str(exc) or "no such key" in str(exc).lower())
+    # XREADGROUP and XPENDING say NOGROUP, XINFO "no such key", and a blocked XREADGROUP
+    # "UNBLOCKED the stream key no longer exists" when the stream is deleted under it.
+    message = str(exc).lower()
+    return isinstance(exc, redis.ResponseError) and any(
+        sign in message for sign in ("nogroup", "no such key", "no longer exists"))

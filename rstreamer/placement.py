@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -67,3 +70,28 @@ def child_environment(gpu_id: int | None) -> Iterator[None]:
                 del os.environ[CUDA_VISIBLE_DEVICES]
             else:
                 os.environ[CUDA_VISIBLE_DEVICES] = saved
+
+
+def cuda_device_count(timeout: float = 120.0) -> int | None:
+    """How many CUDA devices torch sees on this machine, or None when torch is not installed.
+
+    Asked in a child process: importing torch here would cost the caller seconds and memory,
+    and initialising CUDA before forking workers breaks CUDA in them. The child sees every
+    device (no CUDA_VISIBLE_DEVICES), as ``--gpus`` ids are physical ids.
+    """
+    if importlib.util.find_spec("torch") is None:
+        return None  # never import torch for a model that does not use it
+    env = {name: value for name, value in os.environ.items() if name != CUDA_VISIBLE_DEVICES}
+    try:
+        done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                              capture_output=True, text=True, timeout=timeout, env=env, check=True)
+        return int(done.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None  # torch is broken here; the model's own import will say how
+
+
+def missing_gpus(gpus: Sequence[int | None], visible: int | None) -> list[int]:
+    """The requested GPU ids that are not among the ``visible`` devices (none if unknown)."""
+    if visible is None:
+        return []
+    return sorted({gpu for gpu in gpus if gpu is not None and not 0 <= gpu < visible})

@@ -20,7 +20,7 @@ from .batching import BatchStats
 from .errors import ConfigError
 from .keys import Keys
 from .model import ModelSpec, model_ref
-from .placement import child_environment, pin_process_to, round_robin
+from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, round_robin
 from .settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,8 @@ class Supervisor:
             pass  # already awake (buffer full) or run() has just finished
 
     def run(self) -> int:
-        """Supervise until stopped (0 once every worker drained, 1 if one had to be killed) or a crash loop (1)."""
+        """Supervise until stopped (0 once every worker drained, 1 if one had to be killed), a crash
+        loop (1), or 2 at once when a slot names a GPU that torch (if installed) does not see."""
         # stop() writes a byte here so that the watch loop wakes at once; safe in a signal handler.
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
@@ -227,7 +228,21 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop()
 
+    def _gpus_exist(self) -> bool:
+        """False (and why, logged) when a slot names a GPU that torch does not see."""
+        if all(slot is None for slot in self.slots):
+            return True
+        visible = cuda_device_count()
+        missing = missing_gpus(self.slots, visible)
+        if missing:
+            hint = f"use ids 0 to {visible - 1}" if visible else "a CPU-only torch or no driver: run without --gpus"
+            logger.error("GPU(s) %s requested, but torch sees %s CUDA device(s) on this machine (%s); not starting",
+                         ",".join(map(str, missing)), visible, hint)
+        return not missing
+
     def _supervise(self) -> int:
+        if not self._gpus_exist():
+            return 2
         try:
             for slot in range(len(self.slots)):
                 if not self._stopping.is_set():

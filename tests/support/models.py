@@ -91,3 +91,57 @@ class Affine(ManagedModel):
 
     def predict(self, batch: list[Any]) -> list[Any]:
         return [item * self.scale + self.offset for item in batch]
+
+
+def length(batch: list[Any]) -> list[Any]:
+    """A small answer for any input: its length."""
+    return [len(item) for item in batch]
+
+
+class BatchRecorder(ManagedModel):
+    """Doubler that appends each batch it runs, as one line, to a file."""
+
+    def init_model(self, path: str, delay: float = 0.0) -> None:
+        self.path = path
+        self.delay = delay
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        with open(self.path, "a") as log:
+            log.write(f"{os.getpid()} {batch!r}\n")
+        if self.delay:
+            time.sleep(self.delay)
+        return [item * 2 for item in batch]
+
+
+class GilHog(ManagedModel):
+    """Each item is a number of seconds spent in one C call that never releases the GIL; every
+    run is appended to a file."""
+
+    def init_model(self, path: str) -> None:
+        self.path = path
+        started = time.perf_counter()
+        sum(range(2_000_000))
+        self.per_step = max(time.perf_counter() - started, 1e-6) / 2_000_000
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        with open(self.path, "a") as log:
+            log.write(f"{os.getpid()} {batch!r}\n")
+        for seconds in batch:
+            sum(range(int(seconds / self.per_step)))  # holds the GIL throughout
+        return batch
+
+
+class HangOnce(ManagedModel):
+    """The first process to run an item hangs (as a deadlocked model would); later runs answer."""
+
+    def init_model(self, marker: str) -> None:
+        self.marker = marker
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        try:
+            with open(self.marker, "x"):
+                pass
+        except FileExistsError:
+            return [item * 2 for item in batch]
+        time.sleep(3600)
+        return []

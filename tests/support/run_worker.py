@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 from rstreamer import RedisWorker, WorkerSettings
 
@@ -23,7 +24,9 @@ def main() -> None:
         spec["model"], spec.get("batch_size", 16), spec.get("max_latency", 0.02), spec["url"], spec["prefix"],
         model_init_kwargs=spec.get("init_kwargs"), settings=settings, adaptive=spec.get("adaptive", True),
     )
-    worker.run_forever()
+    worker.run_forever(*spec.get("run_args", []))
+    # A program that goes on after the worker drained (cleanup, a second phase) must not be ended.
+    time.sleep(spec.get("linger", 0.0))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,276 @@
+"""Worker-side hardening (issue 10, and the worker items of issue 11): each test reproduces a
+failure of the old worker against a real redis-server with real worker processes and real faults
+(maxmemory, ACL refusals, SIGKILL, SIGSTOP, a Redis that is not there yet)."""
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from rstreamer import RedisStreamer, RedisWorker, WorkerSettings
+from rstreamer.embedded import EmbeddedRedis, free_port
+from rstreamer.keys import Keys
+from rstreamer.reclaim import Reclaimer
+from support import procs
+from support.procs import WorkerProcesses, live_pids, wait_for_workers, wait_until
+
+FAST = {"heartbeat_interval": 0.2, "dead_after": 1.0, "reclaim_interval": 0.2}
+
+
+def batches(path: Path) -> list[tuple[int, list]]:
+    """(pid, batch) per line of a BatchRecorder log."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        pid, _, batch = line.partition(" ")
+        rows.append((int(pid), ast.literal_eval(batch)))
+    return rows
+
+
+def deliveries(client: redis.Redis, keys: Keys) -> list[int]:
+    rows = client.xpending_range(keys.requests, keys.group, "-", "+", 1000)
+    return [int(row["times_delivered"]) for row in rows]
+
+
+# 1: maxmemory -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_redis():
+    """A private redis-server with a small maxmemory and noeviction (deploy/redis.conf's policy)."""
+    server = EmbeddedRedis(extra_args=("--maxmemory", "20mb", "--maxmemory-policy", "noeviction")).start()
+    factory = WorkerProcesses(server.url)
+    yield server, factory
+    factory.stop_all()
+    server.close()
+
+
+def test_workers_drain_a_redis_that_is_over_maxmemory(full_redis, prefix):
+    server, workers = full_redis
+    client = redis.Redis.from_url(server.url)
+    keys = Keys(prefix)
+    # One worker serves, then freezes (slower than its producers); a second starts only once
+    # Redis is full, so that its start (stream, group, first beat) happens over maxmemory.
+    early = workers.start(prefix, model="support.models:length", batch_size=16)
+    os.kill(early.pid, signal.SIGSTOP)
+    streamer = RedisStreamer(server.url, prefix, timeout=120, max_queue=0)
+    futures = []
+    with pytest.raises(Exception):  # noqa: B017 - whatever the client maps Redis's OOM to
+        while len(futures) < 10_000:
+            futures.append(streamer.submit(["y" * 200_000]))
+    # Below what is used: every write that grows memory is refused until the queue drains.
+    used = client.info("memory")["used_memory"]
+    client.config_set("maxmemory", str(used - 2_000_000))
+    late = workers.start(prefix, model="support.models:length", batch_size=16, wait=False)
+    os.kill(early.pid, signal.SIGCONT)
+    assert [f.result(timeout=120) for f in futures] == [[200_000]] * len(futures)
+    wait_until(lambda: client.xlen(keys.requests) == 0, timeout=30, what="the queue to drain")
+    assert client.info("memory")["used_memory"] < used - 2_000_000
+    assert late.poll() is None and early.poll() is None
+    wait_for_workers(server.url, prefix, pids={early.pid, late.pid})
+    streamer.close()
+    client.close()
+
+
+def test_dead_letters_are_capped_in_bytes(redis_client, redis_url, prefix, workers):
+    keys = Keys(prefix)
+    workers.start(prefix, settings={"dead_max_bytes": 1_000_000, "dead_max_len": 1000})
+    for n in range(12):  # malformed (no reply token): each is dead-lettered with its payload
+        redis_client.xadd(keys.requests, {"p": os.urandom(300_000), "n": str(n)})
+    wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=20, what="dead-lettering")
+    kept = redis_client.xlen(keys.dead)
+    assert 1 <= kept < 12
+    assert redis_client.memory_usage(keys.dead, samples=0) <= 1_000_000 + 64_000
+    newest = redis_client.xrevrange(keys.dead, count=1)[0][1]
+    assert newest[b"f_n"] == b"11"
+
+
+# 3: own backlog after a failed reply --------------------------------------------------------
+
+
+def test_backlog_after_failed_replies_runs_each_entry_once_per_batch_and_is_no_new_delivery(
+        redis_client, redis_url, prefix, workers, tmp_path):
+    keys = Keys(prefix)
+    user, password = f"w{prefix[-10:]}", "pw"
+    own_keys = [f"~{key}" for key in (keys.requests, keys.workers, keys.dead)]
+    # The worker may use its stream and heartbeats but not write replies: every reply fails.
+    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"], commands=["+@all"],
+                             keys=own_keys, reset_keys=True)
+    url = redis_url.replace("redis://", f"redis://{user}:{password}@")
+    factory = WorkerProcesses(url)
+    try:
+        log = tmp_path / "batches.log"
+        factory.start(prefix, model="support.models:BatchRecorder", init_kwargs={"path": str(log)},
+                      batch_size=8, max_latency=0.3, adaptive=False, wait=False)
+        streamer = RedisStreamer(redis_url, prefix, timeout=60)
+        futures = [streamer.submit([n]) for n in range(6)]
+        wait_until(lambda: len(batches(log)) >= 3, timeout=30, what="three failed rounds")
+        for _, batch in batches(log):
+            assert len(batch) == len(set(batch)), f"an entry twice in one batch: {batch}"
+        assert deliveries(redis_client, keys) == [1] * 6
+        redis_client.acl_setuser(user, keys=["~*"])
+        assert [f.result(timeout=30) for f in futures] == [[2 * n] for n in range(6)]
+        streamer.close()
+    finally:
+        factory.stop_all()
+        redis_client.acl_deluser(user)
+
+
+# 5: liveness a busy model cannot starve; a stuck worker is replaced --------------------------
+
+
+def test_a_model_that_holds_the_gil_is_not_robbed(redis_url, prefix, workers, tmp_path):
+    log = tmp_path / "runs.log"
+    spec = dict(model="support.models:GilHog", init_kwargs={"path": str(log)}, batch_size=1, settings=FAST)
+    workers.start(prefix, **spec)
+    workers.start(prefix, **spec)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        # Four times dead_after in one C call that never releases the GIL.
+        assert streamer.predict([4.0]) == [4.0]
+    assert len(log.read_text().splitlines()) == 1, "the item ran twice: its live worker was robbed"
+
+
+def test_a_worker_stuck_past_stuck_after_is_killed_and_its_work_reclaimed(redis_url, prefix, workers, tmp_path):
+    spec = dict(model="support.models:HangOnce", init_kwargs={"marker": str(tmp_path / "hung")},
+                settings={**FAST, "stuck_after": 4.0})
+    stuck = workers.start(prefix, **spec)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        future = streamer.submit([21])
+        wait_until(lambda: (tmp_path / "hung").exists(), what="the model to hang")
+        workers.start(prefix, **spec)
+        assert future.result(timeout=40) == [42]
+    assert stuck.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_stopped_worker_is_replaced_after_stuck_after(redis_url, prefix, workers):
+    stopped = workers.start(prefix, settings={**FAST, "stuck_after": 3.0})
+    os.kill(stopped.pid, signal.SIGSTOP)
+    assert stopped.wait(timeout=20) == -signal.SIGKILL  # killed by its heartbeat process
+    wait_until(lambda: stopped.pid not in live_pids(redis_url, prefix), timeout=5, what="its heartbeat to go")
+
+
+# 8: start while Redis is away ----------------------------------------------------------------
+
+
+def test_a_worker_started_before_redis_waits_for_it(prefix, tmp_path):
+    port = free_port()
+    log = tmp_path / "worker.log"
+    url = f"redis://127.0.0.1:{port}/0"
+    factory = WorkerProcesses(url)
+    server = EmbeddedRedis(port=port)
+    try:
+        proc = factory.start(prefix, wait=False, log_path=log, log_level="WARNING")
+        wait_until(lambda: log.exists() and log.read_text().count("retrying in") >= 2, timeout=30,
+                   what="two logged retries")
+        assert proc.poll() is None
+        assert "cannot start serving" in log.read_text()
+        server.start()
+        wait_for_workers(url, prefix, pids={proc.pid}, timeout=30)
+        with RedisStreamer(url, prefix, timeout=10) as streamer:
+            assert streamer.predict([1]) == [2]
+    finally:
+        factory.stop_all()
+        server.close()
+
+
+# 9, 10, 11 -----------------------------------------------------------------------------------
+
+
+def test_max_latency_longer_than_the_idle_block_plus_5s_fills_a_batch(redis_url, prefix, workers, tmp_path):
+    log = tmp_path / "worker.log"
+    workers.start(prefix, batch_size=4, max_latency=6.0, adaptive=False, log_path=log, log_level="WARNING",
+                  settings={"idle_block": 0.2})
+    with RedisStreamer(redis_url, prefix, timeout=10) as streamer:
+        assert streamer.predict([1]) == [2]  # waits the whole max_latency for a batch of 4
+    assert "retrying" not in log.read_text()
+
+
+def test_a_clean_drain_exits_0_even_if_the_program_goes_on(redis_url, prefix, workers):
+    proc = workers.start(prefix, settings={"drain_timeout": 5.0}, linger=7.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+
+
+def test_a_reclaimed_batch_respects_the_reclaimers_batch_size(redis_url, prefix, workers, tmp_path):
+    log = tmp_path / "batches.log"
+    model = dict(model="support.models:BatchRecorder", adaptive=False, settings=FAST)
+    victim = workers.start(prefix, batch_size=16, max_latency=0.5, init_kwargs={"path": str(log), "delay": 30},
+                           **model)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        futures = [streamer.submit([n]) for n in range(16)]
+        wait_until(lambda: any(len(b) == 16 for _, b in batches(log)), timeout=20, what="a batch of 16")
+        os.killpg(victim.pid, signal.SIGKILL)
+        reclaimer = workers.start(prefix, batch_size=2, max_latency=0.01, init_kwargs={"path": str(log)}, **model)
+        assert [f.result(timeout=40) for f in futures] == [[2 * n] for n in range(16)]
+    sizes = [len(batch) for pid, batch in batches(log) if pid == reclaimer.pid]
+    assert sizes and max(sizes) <= 2, sizes
+
+
+# also: forgetting a dead consumer ------------------------------------------------------------
+
+
+def test_forgetting_a_dead_consumer_keeps_what_it_read_since_it_was_listed(redis_client, prefix):
+    keys = Keys(prefix)
+    redis_client.xgroup_create(keys.requests, keys.group, id="0", mkstream=True)
+    redis_client.xgroup_createconsumer(keys.requests, keys.group, "stalled")  # exists, holds nothing
+    reclaimer = Reclaimer(redis_client, keys, "me", dead_after=0.05, min_idle=0.05)
+    wait_until(lambda: ("stalled", 0) in reclaimer.dead_consumers(), what="it to look dead")
+    # ...and it wakes up and reads before the reclaimer removes it:
+    entry = redis_client.xadd(keys.requests, {"p": "x"})
+    redis_client.xreadgroup(keys.group, "stalled", {keys.requests: ">"})
+    assert reclaimer.forget("stalled") is False
+    assert [row["message_id"] for row in redis_client.xpending_range(
+        keys.requests, keys.group, "-", "+", 10, "stalled")] == [entry]
+    redis_client.delete(keys.requests)
+
+
+# issue 11 ------------------------------------------------------------------------------------
+
+
+def test_a_deleted_stream_is_recreated_at_once_by_idle_workers(redis_client, redis_url, prefix, workers, tmp_path):
+    log = tmp_path / "worker.log"
+    workers.start(prefix, log_path=log, log_level="WARNING")
+    redis_client.delete(Keys(prefix).requests)
+    wait_until(lambda: redis_client.exists(Keys(prefix).requests), timeout=10, what="the stream to come back")
+    with RedisStreamer(redis_url, prefix, timeout=10) as streamer:
+        assert streamer.predict([1]) == [2]
+    time.sleep(2.0)  # long enough for the old worker to have logged its retry twice
+    assert "retrying" not in log.read_text()
+
+
+def test_gpus_that_torch_does_not_see_stop_the_supervisor_at_once(redis_url, prefix, tmp_path):
+    pytest.importorskip("torch")
+    from rstreamer.placement import cuda_device_count
+
+    visible = cuda_device_count()
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from rstreamer.cli import worker_main; sys.exit(worker_main(sys.argv[1:]))",
+         "--redis", redis_url, "--prefix", prefix, "--gpus", f"0,{visible + 7}",
+         "support.models:Doubler"],
+        capture_output=True, text=True, timeout=120, env=procs.test_env(),
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"GPU(s) {visible + 7}" in proc.stderr or f"GPU(s) 0,{visible + 7}" in proc.stderr
+
+
+def test_run_forever_takes_the_originals_gpu_id(redis_url, prefix):
+    import threading
+
+    worker = RedisWorker("support.models:Placement", 4, 0.01, redis_url, prefix, settings=WorkerSettings())
+    thread = threading.Thread(target=worker.run_forever, args=(0,), daemon=True)
+    thread.start()
+    try:
+        with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+            assert streamer.predict([None])[0]["gpu_id"] == 0
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
