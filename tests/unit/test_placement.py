@@ -71,3 +71,11 @@ def test_pin_process_to_sets_cuda_visible_devices_only_for_a_gpu(monkeypatch):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "unchanged"
     pin_process_to(3)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_missing_gpus_are_the_ids_beyond_what_torch_sees():
+    from rstreamer.placement import missing_gpus
+
+    assert missing_gpus([0, 7, None, 1, 7], 2) == [7]
+    assert missing_gpus([0, 1], 0) == [0, 1]
+    assert missing_gpus([0, 7], None) == []  # torch not installed: nothing to check against
