@@ -201,7 +201,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until stopped (0 once every worker drained, 1 if one had to be killed), a crash
-        loop (1), or 2 at once when a slot names a GPU that torch (if installed) does not see."""
+        loop (1), or 2 at once when a slot names a GPU beyond those that torch (if installed) sees."""
         # stop() writes a byte here so that the watch loop wakes at once; safe in a signal handler.
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
@@ -229,15 +229,21 @@ class Supervisor:
         self.stop()
 
     def _gpus_exist(self) -> bool:
-        """False (and why, logged) when a slot names a GPU that torch does not see."""
+        """Check the slots' GPUs against what torch (if installed) sees; False (logged) if a slot
+        names a GPU that this machine, which has some, does not have."""
         if all(slot is None for slot in self.slots):
             return True
         visible = cuda_device_count()
+        requested = ",".join(str(slot) for slot in dict.fromkeys(self.slots) if slot is not None)
+        if visible == 0:
+            # A CPU-only torch (or no driver): the model may still run, on the CPU; say so loudly.
+            logger.error("GPU(s) %s requested, but torch sees no CUDA device on this machine (a CPU-only torch "
+                         "or no driver): the workers run on the CPU", requested)
+            return True
         missing = missing_gpus(self.slots, visible)
         if missing:
-            hint = f"use ids 0 to {visible - 1}" if visible else "a CPU-only torch or no driver: run without --gpus"
-            logger.error("GPU(s) %s requested, but torch sees %s CUDA device(s) on this machine (%s); not starting",
-                         ",".join(map(str, missing)), visible, hint)
+            logger.error("GPU(s) %s requested, but torch sees %d CUDA device(s) on this machine (ids 0 to %d); "
+                         "not starting", ",".join(map(str, missing)), visible, (visible or 0) - 1)
         return not missing
 
     def _supervise(self) -> int:
