@@ -211,12 +211,28 @@ class Batcher(Generic[T]):
         """Whether batches are made by cost."""
         return self.cost is not None or self.policy.cost.max_batch_cost is not None or self.oom.cap.value is not None
 
+    def held(self) -> tuple[list[T], list[int]]:
+        """The next batch of the items already held, without reading more (for a drain)."""
+        if not len(self.window):
+            return [], []
+        budget = self.oom.cap.limit(self.policy.cost.max_batch_cost)
+        cost = self.policy.cost
+        return self.window.take(self.policy.batch_size, budget, cost.cost_model, cost.padding_limit)
+
+    def drop_held(self) -> None:
+        """Forget the held items (their source serves them again, e.g. after a failed reply)."""
+        self.window = CostWindow()
+
     def next_batch(self, source: ItemSource[T], first_wait: float,
                    clock: Callable[[], float] = time.monotonic) -> tuple[list[T], list[int]]:
         """The next batch and its items' costs; empty if nothing arrived within ``first_wait``."""
         if self.costed:
             cost = self.cost if self.cost is not None else _unit_cost
-            return collect_costed_batch(source, self.policy, self.window, cost, first_wait, clock, self.oom.cap)
+            batch, costs = collect_costed_batch(source, self.policy, self.window, cost, first_wait, clock, self.oom.cap)
+            # Short of full, a costed batch closed on its budget or bucket unless nothing else was held.
+            full, held = len(batch) >= self.policy.batch_size, len(self.window) > 0
+            self.hint.closed = "full" if full else "cost_budget" if held else "queue_empty"
+            return batch, costs
         batch = collect_batch(source, self.policy, first_wait, clock, self.hint)
         return batch, [1] * len(batch)
 

@@ -45,6 +45,8 @@ WORKER_ENV = {
     "log_level": "RSTREAMER_LOG_LEVEL",
     "log_interval": "RSTREAMER_LOG_INTERVAL",
     "max_restarts": "RSTREAMER_MAX_RESTARTS",
+    "max_batch_cost": "RSTREAMER_MAX_BATCH_COST",
+    "cost_model": "RSTREAMER_COST_MODEL",
     "model": "RSTREAMER_MODEL",
 }
 
@@ -61,6 +63,8 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "log_level": "INFO",
     "log_interval": 10.0,
     "max_restarts": 5,
+    "max_batch_cost": WorkerSettings.max_batch_cost,
+    "cost_model": WorkerSettings.cost_model,
     "model": None,
 }
 
@@ -120,11 +124,21 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _cost_model(text: str) -> str:
+    from .costing import parse_cost_model
+
+    try:
+        return parse_cost_model(text.strip().lower()).value
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
     "workers_per_gpu": _integer(1), "batch_size": _integer(1), "max_latency": _seconds,
     "init_args": _json_of(list), "init_kwargs": _json_of(dict), "metrics_port": _integer(1, 65535),
     "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0),
+    "max_batch_cost": _integer(0), "cost_model": _cost_model,
 }
 
 
@@ -148,6 +162,11 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=p["batch_size"], metavar="N", help=_help("largest batch", "batch_size"))
     parser.add_argument("--max-latency", type=p["max_latency"], metavar="SECONDS",
                         help=_help("longest wait for a batch to fill", "max_latency"))
+    parser.add_argument("--max-batch-cost", type=p["max_batch_cost"], metavar="N",
+                        help=_help("largest cost of a batch, as the model's cost() counts it (e.g. tokens); "
+                                   "0: no budget", "max_batch_cost"))
+    parser.add_argument("--cost-model", type=p["cost_model"], choices=("padded", "sum"),
+                        help=_help("a batch costs len(batch) * max(cost) (padded) or sum(cost)", "cost_model"))
     parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
                         help=_help("JSON array of init_model positional arguments", "init_args"))
     parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",
@@ -210,8 +229,10 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise ConfigError("--metrics-port needs prometheus-client: pip install 'rstreamer[webapp]'")
+    settings = (settings or WorkerSettings.from_env()).replace(max_batch_cost=args.max_batch_cost,
+                                                                 cost_model=args.cost_model)
     return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,
-                      args.init_kwargs or None, settings or WorkerSettings.from_env(), log_level=args.log_level,
+                      args.init_kwargs or None, settings, log_level=args.log_level,
                       metrics_port=args.metrics_port, log_interval=args.log_interval)
 
 

@@ -59,6 +59,12 @@ class StatsCollector(Collector):
                 family = CounterMetricFamily(name, documentation, labels=["prefix"])
                 family.add_metric([self.prefix], getattr(self.stats, attr))
                 yield family
+        cap = getattr(self.stats, "cost_cap", None)
+        if cap is not None:
+            family = GaugeMetricFamily("rstreamer_worker_cost_cap", "The batch cost this worker learned it can "
+                                       "run without running out of memory.", labels=["prefix"])
+            family.add_metric([self.prefix], cap)
+            yield family
         info = GaugeMetricFamily("rstreamer_worker_info", "This worker's consumer name and GPU (value 1).",
                                  labels=["prefix", "worker", "gpu"])
         info.add_metric([self.prefix, self.worker, self.gpu], 1)

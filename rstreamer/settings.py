@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
+from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -75,6 +76,8 @@ class WorkerSettings(_EnvSettings):
     deadlock, a stopped process) is declared stuck: it is killed, so that its supervisor
     replaces it, and its entries are reclaimed. dead_max_len, dead_max_bytes: the dead-letter
     stream keeps at most this many records and about this many bytes (the newest ones).
+    max_batch_cost, cost_model, cost_lookahead: cost-aware batching (0: no budget; see
+    rstreamer.costing); it is on when the model defines ``cost()`` or a budget is set.
     """
 
     batch_size: int = 64
@@ -90,8 +93,12 @@ class WorkerSettings(_EnvSettings):
     stuck_after: float = 300.0
     dead_max_len: int = 10_000
     dead_max_bytes: int = 64 * 1024 * 1024
+    max_batch_cost: int = 0
+    cost_model: str = "padded"
+    cost_lookahead: int = 4
 
     def __post_init__(self) -> None:
+        self.cost_budget()  # validates the cost settings
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _positive("max_latency", self.max_latency, allow_zero=True)
@@ -106,3 +113,9 @@ class WorkerSettings(_EnvSettings):
         # max_latency: neither may look like a stuck worker.
         if not self.stuck_after > self.dead_after + self.idle_block + 2 * self.max_latency:
             raise ConfigError("stuck_after must exceed dead_after + idle_block + 2 * max_latency")
+
+    def cost_budget(self) -> CostBudget:
+        """The cost side of the batch policy these settings describe."""
+        if not isinstance(self.max_batch_cost, int) or self.max_batch_cost < 0:
+            raise ConfigError(f"max_batch_cost must be an integer >= 0 (0: none), got {self.max_batch_cost!r}")
+        return CostBudget(self.max_batch_cost or None, parse_cost_model(self.cost_model), self.cost_lookahead)

@@ -82,6 +82,7 @@ def worker_rows(snapshot: Snapshot, dead_after: float) -> list[dict[str, Any]]:
                "last_seen_s": round(max(0, snapshot.now_ms - info["seen_ms"]) / 1000, 3)}
         row.update({counter: int(info.get(counter, 0)) for counter in _WORKER_COUNTERS})
         row["pending"] = snapshot.pending_by_consumer.get(name, 0)
+        row["cost_cap"] = info.get("cost_cap")  # learned from out-of-memory errors; None: none
         rows.append(row)
     return rows
 
@@ -155,8 +156,8 @@ def format_prefix_status(status: dict[str, Any]) -> str:
         lines.append(f"throughput    {rate['items_per_s']:.1f} items/s, {rate['batches_per_s']:.1f} batches/s "
                      f"(last {rate['window_s']:.1f}s)")
     lines.append(f"workers       {len(status['workers'])} live")
-    columns = ("name", "host", "pid", "gpu", "last_seen_s", "batches", "items", "errors", "pending")
-    rows = [[_cell(worker[c]) for c in columns] for worker in status["workers"]]
+    columns = ("name", "host", "pid", "gpu", "last_seen_s", "batches", "items", "errors", "pending", "cost_cap")
+    rows = [[_cell(worker.get(c)) for c in columns] for worker in status["workers"]]
     return "\n".join(lines + ([""] + _table(columns, rows) if rows else []))
 
 

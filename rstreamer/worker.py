@@ -10,16 +10,15 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
 
-from .batching import (
-    BatchHint, BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch, collect_batch,
-)
 from . import lua
+from .batching import Batcher, BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch
+from .costing import OomGuard, oom_error_types, safe_cost
 from .beater import Beater
 from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .hooks import WorkerHooks
@@ -29,7 +28,7 @@ from .clock import ServerClock
 from .messages import (
     WIRE_VERSION, MalformedEntry, Request, pack_results, parse_request, reply_address, reply_ttl_ms, reply_version,
 )
-from .model import ModelSpec, Predictor, load_predictor
+from .model import ModelSpec, Predictor, load_predictor, model_costing
 from .reclaim import Reclaimer, plan_reclaim
 from .settings import WorkerSettings, redis_url_from_env
 
@@ -125,6 +124,32 @@ def _field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
     return None if flat is None else dict(zip(flat[::2], flat[1::2]))
 
 
+@dataclass(frozen=True)
+class Parsed:
+    """A stream entry as read, and what it decoded to: a Request, or why it is malformed."""
+
+    entry_id: bytes
+    fields: dict[bytes, bytes] | None
+    request: Request | None = None
+    error: MalformedEntry | None = None
+
+    @property
+    def entry(self) -> Entry:
+        return self.entry_id, self.fields
+
+
+class ParsedSource:
+    """The worker's ItemSource: entries decoded as they are read, so that a cost-aware batch
+    knows each item's cost (``ManagedModel.cost`` takes the decoded input)."""
+
+    def __init__(self, source: StreamSource, parse: Callable[[Entry], Parsed]) -> None:
+        self._source = source
+        self._parse = parse
+
+    def fetch(self, max_items: int, timeout: float) -> list[Parsed]:
+        return [self._parse(entry) for entry in self._source.fetch(max_items, timeout)]
+
+
 class RedisWorker:
     """Serve one prefix: batch, predict, reply, ack; reclaim the work of dead workers.
 
@@ -148,7 +173,7 @@ class RedisWorker:
     ) -> None:
         self.observe = observe
         self.settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
-        self.policy = BatchPolicy(batch_size, max_latency, adaptive)
+        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=self.settings.cost_budget())
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix)
         self.gpu_id = gpu_id
@@ -165,6 +190,7 @@ class RedisWorker:
         # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
         self._redis = create_redis(self.url, socket_timeout=max(self.settings.idle_block, max_latency) + 5.0)
         self._source = StreamSource(self._redis, self.keys, self.name)
+        self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimer = Reclaimer(
             self._redis, self.keys, self.name, self.settings.dead_after, self.settings.heartbeat_interval
         )
@@ -175,7 +201,9 @@ class RedisWorker:
                               interval=self.settings.heartbeat_interval, ttl=heartbeat_ttl,
                               stuck_after=self.settings.stuck_after)
         self._next_reclaim = 0.0
-        self._hint = BatchHint()
+        # The model's cost() and out-of-memory errors are set once it is loaded (_use_model).
+        self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model))
+        self._hint = self._batcher.hint
         self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
         self.hooks = WorkerHooks()  # metrics (rstreamer.metrics.WorkerMetrics) replace the no-op
 
@@ -200,7 +228,7 @@ class RedisWorker:
             self.gpu_id = gpu_id
         self._install_signal_handlers()
         if self._predict is _not_loaded:
-            self._predict = load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs)
+            self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
         warn_if_gpu_invisible(self.gpu_id)
         if not self._connect():
             self._finish_drain()
@@ -214,6 +242,15 @@ class RedisWorker:
                 self.step()
         finally:
             self._shutdown()
+
+    def _use_model(self, predict: Predictor) -> None:
+        """Serve ``predict``; batch by its model's ``cost()`` when it defines one."""
+        self._predict = predict
+        cost, oom_errors = model_costing(predict)
+        self._batcher.oom.errors = oom_error_types(oom_errors)
+        if cost is not None:
+            checked = safe_cost(cost)
+            self._batcher.cost = lambda parsed: checked(parsed.request.payload) if parsed.request else 1
 
     def _connect(self) -> bool:
         """Create the stream and group and beat once, retrying with backoff until Redis answers.
@@ -254,6 +291,7 @@ class RedisWorker:
             self._watchdog = None
 
     def _shutdown(self) -> None:
+        self._drain_held()
         self._beater.stop()
         try:
             pending = self._redis.xpending_range(self.keys.requests, self.keys.group, "-", "+", 1, self.name)
@@ -274,16 +312,30 @@ class RedisWorker:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
-            entries = collect_batch(self._source, self.policy, self.settings.idle_block, hint=self._hint)
-            if entries:
-                self.hooks.batch_started(entries, self._hint.closed, self.policy.batch_size)
-                self._process(entries)
-                self.hooks.batch_done()
+            batch, costs = self._batcher.next_batch(self._parsed, self.settings.idle_block)
+            if batch:
+                self._run(batch, costs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._back_off(f"Redis unavailable ({exc})")
         except redis.RedisError as exc:
             # e.g. a failover's READONLY: transient, keep the worker alive.
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
+
+    def _run(self, batch: list[Parsed], costs: list[int]) -> None:
+        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size)
+        self._process(batch, costs)
+        self.hooks.batch_done()
+
+    def _drain_held(self) -> None:
+        """Run the items a cost-aware batcher still holds: they were read, so they are ours."""
+        try:
+            while True:
+                batch, costs = self._batcher.held()
+                if not batch:
+                    return
+                self._run(batch, costs)
+        except redis.RedisError as exc:  # they stay pending: a peer reclaims them
+            logger.warning("worker %s: could not run the held items before stopping: %s", self.name, exc)
 
     def _count_peers(self) -> None:
         """Count the live workers of the prefix: with peers, a burst is split between the idle
@@ -298,27 +350,44 @@ class RedisWorker:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
         # Whatever was read but not acked is served again from our own pending list.
         self._source.rewind()
+        self._batcher.drop_held()
         self._stopping.wait(1.0)
 
-    def _process(self, entries: list[Entry]) -> None:
+    def _parse(self, entry: Entry) -> Parsed:
+        entry_id, fields = entry
+        try:
+            request = parse_request(entry_id, fields, self.settings.max_item_bytes, self._clock.wall_to_server())
+        except MalformedEntry as exc:
+            return Parsed(entry_id, fields, error=exc)
+        return Parsed(entry_id, fields, request)
+
+    def _process(self, batch: list[Parsed], costs: list[int] | None = None) -> None:
         self._beater.tick()
         requests: list[Request] = []
+        request_costs: list[int] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
-        for entry_id, fields in entries:
-            try:
-                requests.append(parse_request(entry_id, fields, self.settings.max_item_bytes,
-                                              self._clock.wall_to_server()))
-            except MalformedEntry as exc:
-                logger.warning("worker %s: malformed entry %s dead-lettered: %s", self.name, entry_id.decode(), exc)
-                dead.append(DeadLetter(entry_id, fields, f"malformed: {exc}"))
-                if exc.token:
-                    answers.append(Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead"), exc.version))
+        for parsed, cost in zip(batch, costs or [1] * len(batch)):
+            if parsed.request is not None:
+                requests.append(parsed.request)
+                request_costs.append(cost)
+            elif parsed.error is not None:
+                answers += self._malformed(parsed, dead)
         ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
-                           hint=self._hint)
+                           hint=self._hint, oom=self._batcher.oom, costs=request_costs)
         self._beater.tick()
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
-        self._finish(answers, dead, [entry_id for entry_id, _ in entries])
+        self._finish(answers, dead, [parsed.entry_id for parsed in batch])
+
+    def _malformed(self, parsed: Parsed, dead: list[DeadLetter]) -> list[Answer]:
+        """Dead-letter a malformed entry; the answer to its caller when it named one."""
+        exc = parsed.error
+        assert exc is not None
+        logger.warning("worker %s: malformed entry %s dead-lettered: %s", self.name, parsed.entry_id.decode(), exc)
+        dead.append(DeadLetter(parsed.entry_id, parsed.fields, f"malformed: {exc}"))
+        if not exc.token:
+            return []
+        return [Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead"), exc.version)]
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
@@ -387,7 +456,8 @@ class RedisWorker:
             claimed = self._reclaimer.claim(chunk)
             self.stats.reclaimed += len(claimed)
             if claimed:
-                self._process(claimed)
+                parsed = [self._parse(entry) for entry in claimed]
+                self._process(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
 
     def _dead_letter_claimed(self, claimed: list[Entry], deliveries: dict[bytes, int]) -> None:
         answers, dead = [], []

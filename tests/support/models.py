@@ -145,3 +145,33 @@ class HangOnce(ManagedModel):
             return [item * 2 for item in batch]
         time.sleep(3600)
         return []
+
+
+class SimulatedOutOfMemory(Exception):
+    """What a device out of memory raises in the tests (named in TokenModel.oom_errors)."""
+
+
+class TokenModel(ManagedModel):
+    """Items are strings; an item costs its length. Answers each item with ``[its length, the
+    padded cost of its batch, the batch's size]``, so a test sees every batch the model ran.
+    Above ``oom_above`` padded tokens it raises SimulatedOutOfMemory, a limit it never tells
+    the worker; ``delay`` seconds per batch; an item "kill" ends the process."""
+
+    oom_errors = (SimulatedOutOfMemory,)
+
+    def init_model(self, oom_above: int | None = None, delay: float = 0.0) -> None:
+        self.oom_above = oom_above
+        self.delay = delay
+
+    def cost(self, item: Any) -> int:
+        return max(1, len(item))
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        if "kill" in batch:
+            os._exit(17)
+        padded = len(batch) * max(len(item) for item in batch)
+        if self.oom_above is not None and padded > self.oom_above:
+            raise SimulatedOutOfMemory(f"a batch of {padded} padded tokens is over {self.oom_above}")
+        if self.delay:
+            time.sleep(self.delay)
+        return [[len(item), padded, len(batch)] for item in batch]

@@ -31,6 +31,9 @@ def test_worker_counters_are_read_from_live_stats():
     stats.items += 1
     assert value(registry, "rstreamer_worker_items_total", prefix="p") == 10
     assert value(registry, "rstreamer_worker_info", prefix="p", worker="host:1:ab", gpu="1") == 1
+    assert value(registry, "rstreamer_worker_cost_cap", prefix="p") is None  # nothing learned yet
+    stats.cost_cap = 2048
+    assert value(registry, "rstreamer_worker_cost_cap", prefix="p") == 2048
 
 
 def test_worker_histograms_are_fed_by_observe():
@@ -130,7 +133,7 @@ def test_worker_rows_keep_live_workers_only():
     assert state.queue_length == 3
     assert worker_rows(state, dead_after=2.0) == [{
         "name": "live", "host": "h", "pid": 1, "gpu": None, "last_seen_s": 0.5, "batches": 1, "items": 3,
-        "errors": 1, "expired": 0, "reclaimed": 0, "dead_lettered": 0, "pending": 2}]
+        "errors": 1, "expired": 0, "reclaimed": 0, "dead_lettered": 0, "pending": 2, "cost_cap": None}]
 
 
 def test_tables():
