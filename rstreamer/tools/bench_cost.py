@@ -199,7 +199,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-latency", type=float, default=0.05)
     parser.add_argument("--max-batch-cost", type=int, default=16384, help="token budget of a cost-aware batch")
-    parser.add_argument("--oom-limit", type=int, default=2048,
+    parser.add_argument("--oom-limit", type=int, default=1024,
                         help="padded tokens above which the model raises OutOfMemoryError in the last run (0: skip)")
     parser.add_argument("--output", type=Path, default=Path("bench-output"))
     return parser.parse_args(argv)
@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             runs += [measure(name, "count", args, items), measure(name, "cost", args, items)]
         if args.oom_limit:
-            runs.append(measure(names[-1], f"cost, OOM above {args.oom_limit}", args, items, args.oom_limit))
+            runs.append(measure(names[0], f"cost, OOM above {args.oom_limit}", args, items, args.oom_limit))
     print(format_table(runs))
     args.output.mkdir(parents=True, exist_ok=True)
     path = args.output / "bench-cost.json"
