@@ -108,6 +108,13 @@ class EmbeddingModel(ManagedModel):
                 show_progress_bar=False,
             )
 
+    def cost(self, item: Any) -> int:
+        """The item's number of tokens (as the encoder truncates it), so that workers batch texts of
+        similar length together; 1 for a non-string, which predict then refuses."""
+        if not isinstance(item, str):
+            return 1
+        return max(1, len(self.model.tokenizer(item, truncation=True)["input_ids"]))
+
     def predict(self, batch: list[Any]) -> list[list[float]]:
         """One normalized 384-d embedding per input string, in order."""
         texts = check_texts(batch)

@@ -79,6 +79,12 @@ def test_batch_order_preserved_and_batch_independent(embedder: EmbeddingModel) -
         assert again == pytest.approx(vec, abs=1e-4)
 
 
+def test_cost_counts_tokens_so_workers_bucket_by_length(embedder: EmbeddingModel) -> None:
+    short, long = embedder.cost("hi there"), embedder.cost("a much longer sentence " * 20)
+    assert 1 <= short < 10 < long <= 512  # the encoder truncates at 512 tokens
+    assert embedder.cost(b"not text") == 1  # predict refuses it with a clear TypeError
+
+
 def test_empty_batch(embedder: EmbeddingModel) -> None:
     assert embedder.predict([]) == []
 
