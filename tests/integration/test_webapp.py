@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ import pytest
 from rstreamer.keys import Keys
 from support import procs
 from support.procs import wait_until
+from support.system import debian_tool
 from support.sentences import TRIPLES, cosine
 from support.web import web  # noqa: F401  (web is a fixture)
 
@@ -220,10 +220,11 @@ def test_load_script_and_wrk_script(redis_url, prefix, workers, web):
                               text=True, timeout=50)
         assert load.returncode == 0, load.stdout + load.stderr
         assert "200 x 200" in load.stdout
-    if shutil.which("wrk") is None:
-        pytest.skip("wrk is not installed")
+    wrk, why = debian_tool("wrk", "wrk")
+    if wrk is None:
+        pytest.skip(why)
     for body_format in ("form", "json"):
-        bench = subprocess.run(["wrk", "-t", "1", "-c", "8", "-d", "1s", "-s", "webapp/benchmark.lua",
+        bench = subprocess.run([wrk, "-t", "1", "-c", "8", "-d", "1s", "-s", "webapp/benchmark.lua",
                                 f"{server.url}/predict"], cwd=procs.ROOT, capture_output=True, text=True, timeout=30,
                                env={**os.environ, "BENCH_FORMAT": body_format})
         assert bench.returncode == 0 and "Requests/sec" in bench.stdout, bench.stdout + bench.stderr

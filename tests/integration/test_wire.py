@@ -26,15 +26,28 @@ from rstreamer.liveness import server_time_ms
 from rstreamer.messages import unpack_results
 from support import procs
 from support.procs import TESTS, wait_for_workers, wait_until
+from support.system import debian_tool
 
-LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1") + glob.glob("/usr/lib*/faketime/libfaketimeMT.so.1"))
+
+
+def libfaketime() -> str:
+    """The path of libfaketimeMT, installing Debian's ``faketime`` first when it is missing."""
+    found = _libfaketime_paths()
+    if not found:
+        _, why = debian_tool("faketime", "faketime")
+        found = _libfaketime_paths()
+        if not found:
+            pytest.skip(f"libfaketime is missing: {why}")
+    return found[0]
+
+
+def _libfaketime_paths() -> list[str]:
+    return sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1") + glob.glob("/usr/lib*/faketime/libfaketimeMT.so.1"))
 
 
 def start_skewed_worker(workers, prefix: str, skew_s: int) -> None:
     """A Doubler worker whose every clock (wall and monotonic) is ``skew_s`` seconds off."""
-    if not LIBFAKETIME:
-        pytest.skip("libfaketime is not installed (apt-get install -y faketime)")
-    env = {**procs.test_env(), "LD_PRELOAD": LIBFAKETIME[0], "FAKETIME": f"{skew_s:+d}s"}
+    env = {**procs.test_env(), "LD_PRELOAD": libfaketime(), "FAKETIME": f"{skew_s:+d}s"}
     spec = {"model": "support.models:Doubler", "url": workers.url, "prefix": prefix, "max_latency": 0.01}
 
 
