@@ -155,3 +155,45 @@ def test_a_redis_streamer_given_an_http_url_raises_config_error():
     with pytest.raises(ConfigError, match="not a Redis URL"):
         RedisStreamer("http://localhost:8000/predict")
     assert issubclass(ConfigError, ValueError)  # code that caught ValueError still does
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of the live processes whose environment holds ``marker`` (what a command started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis_url, tmp_path):
+    marker = f"RSTREAMER_TEST_MARK=demo-{free_port()}"
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        demo = subprocess.Popen(
+            [str(BIN / "rstreamer"), "demo", "--serve", "--workers", "1", "--web-workers", "1", "--output",
+             str(tmp_path)], cwd=procs.ROOT, env={**procs.test_env(), "RSTREAMER_REDIS_URL": redis_url,
+                                                  marker.split("=")[0]: marker.split("=")[1]},
+            stdout=stdout, stderr=stderr, start_new_session=True)
+    try:
+        # The embedding worker loads its model for seconds: a drain would wait for it.
+        wait_until(lambda: "starting 1 embedding workers" in out.read_text(), timeout=60, what="the demo starting")
+        wait_until(lambda: len(_processes_with(marker)) >= 3, timeout=30, what="workers and gunicorn started")
+        demo.send_signal(signal.SIGINT)
+        wait_until(lambda: "Ctrl-C again to kill it all now" in err.read_text(), what="the first stop")
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=10) == 130
+        assert "second Ctrl-C: killing everything now" in err.read_text()
+        wait_until(lambda: not _processes_with(marker), timeout=5, what="every process of the demo gone")
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait(timeout=10)
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
