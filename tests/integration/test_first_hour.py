@@ -197,3 +197,35 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis
         demo.wait(timeout=10)
         for pid in _processes_with(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+# the queue bound -----------------------------------------------------------------------------------
+
+
+def test_a_call_larger_than_the_queue_bound_is_refused_at_once(redis_client, redis_url, prefix):
+    import asyncio
+
+    from rstreamer import AsyncRedisStreamer, CallTooLarge, ClientSettings, Overloaded
+
+    settings = ClientSettings(max_queue=10, timeout=5)
+    with RedisStreamer(redis_url, prefix, settings=settings) as streamer:
+        with pytest.raises(CallTooLarge, match="a call of 11 items is larger than the queue bound"):
+            streamer.predict(list(range(11)))
+        with pytest.raises(CallTooLarge):
+            streamer.submit(list(range(100_000)))
+        assert not redis_client.exists(streamer.keys.requests), "nothing was enqueued"
+        streamer.submit(list(range(5)))  # nobody serves them: they wait
+        # 5 waiting + 6 would pass the bound: refused whole, never half enqueued.
+        with pytest.raises(Overloaded, match="5 items wait undelivered"):
+            streamer.submit(list(range(6)))
+        assert redis_client.xlen(streamer.keys.requests) == 5
+        streamer.submit(list(range(5)))  # exactly up to the bound
+        redis_client.delete(streamer.keys.requests)
+
+    async def refused_async() -> None:
+        async with AsyncRedisStreamer(redis_url, prefix, settings=settings) as streamer:
+            with pytest.raises(CallTooLarge):
+                await streamer.predict(list(range(11)))
+
+    asyncio.run(refused_async())
+    assert issubclass(CallTooLarge, ValueError) and CallTooLarge.http_status == 413

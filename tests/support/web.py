@@ -70,7 +70,8 @@ class WebServers:
 
     def _start(self, command: list[str], port: int, prefix: str, env: dict[str, str]) -> WebServer:
         full_env = test_env()
-        full_env.update(RSTREAMER_REDIS_URL=self.redis_url, RSTREAMER_PREFIX=prefix, **env)
+        full_env.update(RSTREAMER_REDIS_URL=self.redis_url, RSTREAMER_PREFIX=prefix)
+        full_env.update(env)  # may override the two above
         log = self._logs / f"{len(self.servers)}-{Path(command[0]).name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
