@@ -242,7 +242,7 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     prefix = Keys(args.prefix).prefix
     _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
-        raise ConfigError("--metrics-port needs prometheus-client: pip install 'rstreamer[webapp]'")
+        raise ConfigError("--metrics-port needs prometheus-client: pip install prometheus-client")
     settings = (settings or WorkerSettings.from_env()).replace(max_batch_cost=args.max_batch_cost,
                                                                  cost_model=args.cost_model)
     return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,

