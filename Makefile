@@ -1,31 +1,49 @@
-# The two commands of the README: `make demo` and `make test`. Each sets up what it needs.
+# The two commands of the README: `make demo` and `make test`. Each sets up what it needs, once:
+#   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[all]  (no compiler needed)
+#   make test: the same, plus uwsgi, which builds from source (needs a C compiler)
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
+# torch==2.13.0 is the CUDA build (gigabytes of NVIDIA libraries).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
+TORCH_INDEX_URL ?=
+# The CPU torch wheel of the machines this project is tested on; ignored where it does not exist.
+ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
+endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: install demo test bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(DEMO_STAMP): setup.cfg pyproject.toml
+	@echo "==> [1/4] virtual environment $(VENV)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first, from the pinned CPU wheel, so nothing later pulls another build.
-	$(PY) -m pip install -q torch==2.13.0
-	# uwsgi builds from source; the test machines have a compiler, so its test runs too.
-	$(PY) -m pip install -q -e ".[all,uwsgi]"
-	touch $(STAMP)
+	@echo "==> [2/4] pip"
+	$(PIP) install --upgrade pip
+	@echo "==> [3/4] torch 2.13.0 first, so that nothing later pulls another build (the longest step)"
+	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	@echo "==> [4/4] rstreamer and its extras: -e .[all]"
+	$(PIP) install -e ".[all]"
+	touch $@
+	@echo "==> installed; the commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
-install: $(STAMP)
+$(TEST_STAMP): $(DEMO_STAMP)
+	@echo "==> uwsgi for its test (builds from source: needs a C compiler and Python headers)"
+	$(PIP) install -e ".[all,uwsgi]"
+	touch $@
 
-demo: $(STAMP)
+install: $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer demo $(DEMO_ARGS)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer bench $(BENCH_ARGS)
 
 clean:

@@ -16,7 +16,7 @@ import redis
 
 from . import codec
 from .connection import broker_errors, normalize_broker_url
-from .errors import EncodeError, Overloaded
+from .errors import CallTooLarge, EncodeError, Overloaded
 from .keys import Keys
 from .messages import Admission, QueueLimits, enqueue_args
 from .settings import ClientSettings, redis_url_from_env
@@ -103,7 +103,14 @@ class CallFactory:
         return f"{self._client_id}:{next(self._tasks)}"
 
     def new_call(self, batch: list[Any], timeout: float | None) -> Call:
-        """Encode ``batch``; raises EncodeError for an item that cannot be sent."""
+        """Encode ``batch``; raises EncodeError for an item that cannot be sent, CallTooLarge for
+        a batch the queue bound could never admit."""
+        max_queue = self.settings.max_queue
+        if max_queue and len(batch) > max_queue:
+            # Refused at once: it could only ever be refused as Overloaded, however often retried.
+            raise CallTooLarge(f"a call of {len(batch)} items is larger than the queue bound of prefix "
+                               f"{self.keys.prefix!r} (max_queue={max_queue}): split it into calls of at most "
+                               f"{max_queue} items")
         payloads = [codec.packb(item) for item in batch]
         limit = self.settings.max_item_bytes
         for index, payload in enumerate(payloads):

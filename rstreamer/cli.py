@@ -14,13 +14,14 @@ import os
 import sys
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import BrokerUnavailable, ConfigError
-from .model import import_from_working_directory, split_import_string
+from .model import import_from_working_directory
 from .settings import DEFAULT_REDIS_URL, WorkerSettings
+from .version import VERSION
 
-USAGE = """usage: rstreamer COMMAND [options]
+USAGE = """usage: rstreamer COMMAND [options]    (rstreamer --version: the installed version)
 
 commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
@@ -45,6 +46,7 @@ WORKER_ENV = {
     "log_level": "RSTREAMER_LOG_LEVEL",
     "log_interval": "RSTREAMER_LOG_INTERVAL",
     "max_restarts": "RSTREAMER_MAX_RESTARTS",
+    "wait_for_redis": "RSTREAMER_WAIT_FOR_REDIS",
     "max_batch_cost": "RSTREAMER_MAX_BATCH_COST",
     "cost_model": "RSTREAMER_COST_MODEL",
     "model": "RSTREAMER_MODEL",
@@ -63,6 +65,7 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "log_level": "INFO",
     "log_interval": 10.0,
     "max_restarts": 5,
+    "wait_for_redis": 0.0,
     "max_batch_cost": WorkerSettings.max_batch_cost,
     "cost_model": WorkerSettings.cost_model,
     "model": None,
@@ -137,16 +140,23 @@ WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
     "workers_per_gpu": _integer(1), "batch_size": _integer(1), "max_latency": _seconds,
     "init_args": _json_of(list), "init_kwargs": _json_of(dict), "metrics_port": _integer(1, 65535),
-    "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0),
+    "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0), "wait_for_redis": _seconds,
     "max_batch_cost": _integer(0), "cost_model": _cost_model,
 }
 
 
 # rstreamer-worker ------------------------------------------------------------------------
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def worker_parser() -> argparse.ArgumentParser:
     """The ``rstreamer-worker`` argument parser (defaults are None: resolved by :func:`parse_worker_args`)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="rstreamer-worker",
         description="Run supervised worker processes that serve a model on one prefix. "
                     "Every option can also be set by the environment variable shown.",
@@ -178,8 +188,12 @@ def worker_parser() -> argparse.ArgumentParser:
                         help=_help("seconds between info summary lines, 0: none", "log_interval"))
     parser.add_argument("--max-restarts", type=p["max_restarts"], metavar="N",
                         help=_help("restarts of one worker within 60 s before giving up (crash loop)", "max_restarts"))
+    parser.add_argument("--wait-for-redis", type=p["wait_for_redis"], metavar="SECONDS",
+                        help=_help("at start, wait this long for Redis to answer before exiting with code 2 "
+                                   "(0: exit at once)", "wait_for_redis"))
     parser.add_argument("--check", action="store_true",
                         help="exit 0 if Redis answers PING and the model class imports, else 1 (health check)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     return parser
 
 
@@ -228,7 +242,7 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     prefix = Keys(args.prefix).prefix
     _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
-        raise ConfigError("--metrics-port needs prometheus-client: pip install 'rstreamer[webapp]'")
+        raise ConfigError("--metrics-port needs prometheus-client: pip install prometheus-client")
     settings = (settings or WorkerSettings.from_env()).replace(max_batch_cost=args.max_batch_cost,
                                                                  cost_model=args.cost_model)
     return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,
@@ -237,21 +251,17 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
 
 
 def _check_model_module(model: str) -> None:
-    """Fail fast on a misspelt module without importing it (the supervisor stays light)."""
-    module_name, _ = split_import_string(model)
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(f"cannot import {model!r}: {exc}") from None
-    if found is None:
-        raise ConfigError(f"cannot import {model!r}: no module named {module_name!r}")
+    """Fail fast on a misspelt module or class without importing it (the supervisor stays light)."""
+    from .preflight import check_model_name
+
+    check_model_name(model)
 
 
 def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
     """The ``--check`` health check: (healthy, one-line message). Never shows a password."""
-    from .connection import create_redis, redacted
+    from .connection import ping_broker, redacted
     from .keys import Keys
-    from .model import ManagedModel, import_string
+    from .model import resolve_model
 
     shown = redacted(args.redis)
     try:
@@ -259,20 +269,13 @@ def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
     except ConfigError as exc:
         return False, str(exc)
     try:
-        client = create_redis(args.redis, socket_timeout=3.0, retries=0)
-        try:
-            client.ping()
-        finally:
-            client.close()
+        ping_broker(args.redis)
     except Exception as exc:  # any failure is an unhealthy answer, not a traceback
-        return False, f"Redis at {shown} unreachable: {_scrub(str(exc), args.redis)}"
+        return False, _scrub(str(exc), args.redis)
     try:
-        target = import_string(args.model)
+        resolve_model(args.model)
     except Exception as exc:
         return False, f"model {args.model!r} does not import: {exc}"
-    is_model_class = isinstance(target, type) and issubclass(target, ManagedModel)
-    if not is_model_class and (isinstance(target, type) or not callable(target)):
-        return False, f"model {args.model!r} is neither a ManagedModel subclass nor a batch function"
     return True, f"ok: Redis at {shown} answers PING; model {args.model} imports"
 
 
@@ -299,12 +302,15 @@ def worker_main(argv: list[str] | None = None) -> int:
         print(f"rstreamer-worker --check: {message}", file=sys.stdout if healthy else sys.stderr)
         return 0 if healthy else 1
     from .placement import per_gpu
+    from .preflight import wait_for_broker
     from .supervisor import Supervisor
 
     try:
         spec = build_worker_spec(args)
         slots = per_gpu(args.gpus, args.workers_per_gpu)
-    except ConfigError as exc:
+        # What --check finds stops the command here, in one line, before any worker starts.
+        wait_for_broker(spec.redis_url, args.wait_for_redis)
+    except (ConfigError, BrokerUnavailable) as exc:
         print(f"rstreamer-worker: {exc}", file=sys.stderr)
         return 2
     if args.gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):
@@ -349,6 +355,9 @@ def status_main(argv: list[str]) -> int:
         return 1
     try:
         if args.prefix and not args.all:
+            if not status.prefix_known(client, args.prefix):
+                print(f"rstreamer status: {_unknown_prefix(client, args.prefix, url)}", file=sys.stderr)
+                return 1
             report: Any = status.prefix_status(client, args.prefix, dead_after, args.interval)
             text = status.format_prefix_status(report)
         else:
@@ -364,6 +373,18 @@ def status_main(argv: list[str]) -> int:
         client.close()
     print(json.dumps(report, indent=2) if args.json else text)
     return 0
+
+
+def _unknown_prefix(client: Any, prefix: str, url: str) -> str:
+    """Why ``prefix`` shows nothing, and which prefixes this Redis does have."""
+    from .connection import redacted
+    from .keys import Keys
+    from .status import list_prefixes
+
+    known = list_prefixes(client)
+    shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+    return (f"prefix {Keys(prefix).prefix!r} is unknown at {redacted(url)}: no request stream, worker or dead "
+            f"letter under it ({'known prefixes: ' + shown if known else 'no prefix is known there'})")
 
 
 # rstreamer -------------------------------------------------------------------------------
@@ -385,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"rstreamer {VERSION}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "worker":
         return worker_main(rest)
@@ -396,7 +420,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rstreamer: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
         return 2
     configure_logging("WARNING", f"rstreamer {command}")
-    return commands[command](rest)
+    try:
+        return commands[command](rest)
+    except (ConfigError, BrokerUnavailable) as exc:  # a setting or an unreachable Redis: one line
+        print(f"rstreamer {command}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 def _chaos_main(argv: list[str]) -> int:

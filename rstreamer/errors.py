@@ -42,6 +42,21 @@ class Overloaded(RStreamerError):
     http_status = 503
 
 
+class CallTooLarge(RStreamerError, ValueError):
+    """One call holds more items than the queue may ever hold (``max_queue``): split it.
+
+    Retrying cannot help, unlike :class:`Overloaded`, hence 413 and not 503.
+    """
+
+    http_status = 413
+
+
+class NoLiveWorker(RStreamerError):
+    """No live worker has served the prefix for a while: the call would only wait for its timeout."""
+
+    http_status = 503
+
+
 class BrokerUnavailable(RStreamerError, ConnectionError):
     """Redis could not be reached within the retry budget."""
 

@@ -48,7 +48,7 @@ for c = 1, calls do
   local tp = ARGV[traced + c - 1]
   local bytes = 0
   for k = payload, payload + size - 1 do bytes = bytes + #ARGV[k] end
-  if max_queue > 0 and backlog >= max_queue then return {c - 1, 1, backlog} end
+  if max_queue > 0 and backlog + size > max_queue then return {c - 1, 1, backlog} end
   if max_bytes > 0 and queued_bytes + bytes > max_bytes then return {c - 1, 2, queued_bytes} end
   if age * 1000 > permille * tonumber(remaining) then return {c - 1, 3, age} end
   for _ = 1, size do

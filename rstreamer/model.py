@@ -105,6 +105,20 @@ def model_ref(model: ModelSpec) -> ModelSpec:
     return model
 
 
+def resolve_model(model: ModelSpec) -> Any:
+    """The ManagedModel subclass or batch function ``model`` names (imported if a string).
+
+    Raises:
+        ConfigError: it does not import, or is neither a ManagedModel subclass nor a function.
+    """
+    target = import_string(model) if isinstance(model, str) else model
+    if isinstance(target, type) and not issubclass(target, ManagedModel):
+        raise ConfigError(f"{target.__name__} is not a ManagedModel subclass")
+    if not isinstance(target, type) and not callable(target):
+        raise ConfigError(f"{model!r} is neither a ManagedModel class nor a batch function")
+    return target
+
+
 def load_predictor(
     model: ModelSpec,
     gpu_id: int | None = None,
@@ -116,18 +130,14 @@ def load_predictor(
     ``model`` is a ManagedModel subclass (built with ``gpu_id``, then ``init_model``), a plain
     batch function, or an import string naming either.
     """
-    target = import_string(model) if isinstance(model, str) else model
+    target = resolve_model(model)
     if isinstance(target, type) and issubclass(target, ManagedModel):
         instance = target(gpu_id)
         instance.init_model(*(init_args or ()), **(init_kwargs or {}))
         return instance.predict
-    if isinstance(target, type):
-        raise ConfigError(f"{target.__name__} is not a ManagedModel subclass")
-    if callable(target):
-        if init_args or init_kwargs:
-            raise ConfigError("model init args need a ManagedModel class, not a plain function")
-        return target  # type: ignore[no-any-return]
-    raise ConfigError(f"{model!r} is neither a ManagedModel class nor a batch function")
+    if init_args or init_kwargs:
+        raise ConfigError("model init args need a ManagedModel class, not a plain function")
+    return target  # type: ignore[no-any-return]
 
 
 def model_costing(predict: Predictor) -> tuple[CostFunction | None, tuple[type[BaseException], ...]]:

@@ -124,6 +124,14 @@ def prefix_status(
     }
 
 
+def prefix_known(client: redis.Redis, prefix: str) -> bool:
+    """True when anything exists under ``prefix``: its request stream (a worker or a call
+    creates it), a worker's heartbeat or a dead letter. False for a misspelt prefix."""
+    keys = Keys(prefix)
+    # One slot (the keys share their hash tag), so one EXISTS works on Redis Cluster too.
+    return bool(client.exists(keys.requests, keys.workers, keys.dead))
+
+
 def list_prefixes(client: redis.Redis) -> list[str]:
     """Every prefix that has a request stream (SCAN, so it does not block the server)."""
     found = set()

@@ -9,6 +9,7 @@ import multiprocessing.connection
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -19,7 +20,7 @@ from typing import Any
 from .batching import BatchStats
 from .errors import ConfigError
 from .keys import Keys
-from .model import ModelSpec, model_ref
+from .model import ModelSpec, model_ref, resolve_model
 from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, round_robin
 from .settings import WorkerSettings
 
@@ -28,6 +29,8 @@ logger = logging.getLogger(__name__)
 # Exit codes of a worker that stopped because it was told to (SIGTERM before or after its
 # handler was installed), as opposed to one that failed its drain or crashed.
 _DRAINED = (0, -signal.SIGTERM, -signal.SIGINT)
+# Exit code of a worker whose model does not import (EX_CONFIG): restarting cannot help.
+EXIT_BAD_MODEL = 78
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,12 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     from .tracing import worker_tracer
     from .worker import RedisWorker
 
+    try:
+        resolve_model(spec.model)  # imported once here; the worker's load finds it in sys.modules
+    except ConfigError as exc:
+        # One line, no traceback: the supervisor stops at once instead of crash-looping.
+        logger.error("%s", exc)
+        sys.exit(EXIT_BAD_MODEL)
     metrics = _worker_metrics(spec, slot)
     worker = RedisWorker(
         spec.model, spec.batch_size, spec.max_latency, spec.redis_url, spec.prefix,
@@ -146,6 +155,10 @@ class CrashLoop(RuntimeError):
     """Worker processes keep dying right after they start."""
 
 
+class BadModel(RuntimeError):
+    """A worker process could not import its model: every restart would fail the same way."""
+
+
 class Supervisor:
     """Keep one worker process alive per slot (a GPU id, or None for CPU).
 
@@ -180,6 +193,7 @@ class Supervisor:
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
         self._restart_at: dict[int, float] = {}
         self._stopping = threading.Event()
+        self._forced = threading.Event()
         self._wake_reader: socket.socket | None = None
         self._wake_writer: socket.socket | None = None
 
@@ -226,6 +240,21 @@ class Supervisor:
         return previous
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if self._stopping.is_set() and signum == signal.SIGINT:
+            self.force()
+            return
+        self.stop()
+
+    def force(self) -> None:
+        """Stop now: kill the workers instead of waiting for their drain (a second Ctrl-C).
+
+        What they had read and not answered stays pending in Redis; live workers reclaim it.
+        """
+        if not self._forced.is_set():
+            self._forced.set()
+            # os.write, not print: the signal may interrupt a print of the main thread.
+            os.write(2, b"rstreamer-worker: second Ctrl-C: killing the workers now (their unfinished items "
+                        b"are reclaimed by other workers)\n")
         self.stop()
 
     def _gpus_exist(self) -> bool:
@@ -261,6 +290,11 @@ class Supervisor:
             self._terminate_all()
             self._wait_all()
             return 1
+        except BadModel as exc:
+            logger.debug("%s", exc)  # the worker logged why, in one line
+            self._terminate_all()
+            self._wait_all()
+            return 2
         logger.info("stopping; workers finish their current batch")
         alive = self._terminate_all()
         return 0 if self._wait_all(alive) else 1
@@ -285,6 +319,8 @@ class Supervisor:
             return
         now = time.monotonic()
         for slot, process in list(self._processes.items()):
+            if process.exitcode == EXIT_BAD_MODEL:
+                raise BadModel(f"worker slot {slot} cannot import model {self.spec.model!r}")
             if process.exitcode is not None and slot not in self._restart_at:
                 self._restart_at[slot] = now + self._backoff(slot, process, now)
         for slot, when in list(self._restart_at.items()):
@@ -333,9 +369,12 @@ class Supervisor:
         deadline = time.monotonic() + self.spec.settings.drain_timeout + 5
         drained = True
         for slot, process in self._processes.items():
-            process.join(timeout=max(0.1, deadline - time.monotonic()))
+            # In slices, so that a second Ctrl-C (force) cuts the wait short.
+            while process.exitcode is None and not self._forced.is_set() and time.monotonic() < deadline:
+                process.join(timeout=min(0.2, max(0.01, deadline - time.monotonic())))
             if process.exitcode is None:
-                logger.error("worker slot %d (pid %s) did not drain in time; killing it", slot, process.pid)
+                if not self._forced.is_set():
+                    logger.error("worker slot %d (pid %s) did not drain in time; killing it", slot, process.pid)
                 process.kill()
                 process.join(timeout=5)
             if alive is not None and slot in alive:

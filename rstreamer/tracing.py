@@ -1,7 +1,7 @@
 """Optional OpenTelemetry tracing: one trace from the web call to the batch that served it.
 
-Install ``rstreamer[otel]``; nothing here imports OpenTelemetry until tracing is used, and
-without it every function is a no-op. The pieces:
+Install the ``otel`` extra (``pip install -e '.[otel]'`` in a clone); nothing here imports
+OpenTelemetry until tracing is used, and without it every function is a no-op. The pieces:
 
 - the caller's span ``rstreamer.predict`` (:func:`call_span`, :func:`traced_predict`), whose W3C
   ``traceparent`` (:func:`current_traceparent`) travels in each entry under ``b"tp"``;
@@ -134,7 +134,8 @@ def worker_tracer(prefix: str) -> WorkerTracer | None:
     if os.environ.get("RSTREAMER_TRACING", "") not in ("1", "true", "yes"):
         return None
     if not available():
-        logger.warning("RSTREAMER_TRACING is set but OpenTelemetry is not installed: pip install 'rstreamer[otel]'")
+        logger.warning("RSTREAMER_TRACING is set but OpenTelemetry is not installed: pip install opentelemetry-sdk "
+                       "opentelemetry-exporter-otlp-proto-http (the `otel` extra)")
         return None
     configure_from_env()
     return WorkerTracer(prefix)

@@ -23,6 +23,7 @@ from rstreamer.liveness import read_workers
 
 from . import metrics, protocol
 from .config import WebConfig
+from .gate import WorkerGate
 
 T = TypeVar("T")
 
@@ -66,25 +67,36 @@ def after_fork() -> None:
 def create_app(config: WebConfig | None = None) -> Flask:
     """The Flask app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
     config = config or WebConfig.from_env()
+    config.announce("rstreamer web app (Flask)")
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body
     streamer = PerProcess(lambda: RedisStreamer(config.redis_url, config.prefix, settings=config.client))
     probe = PerProcess(lambda: create_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0))
+    gate = PerProcess(lambda: WorkerGate(config.prefix, config.dead_after, config.no_worker_grace))
     app.extensions["rstreamer"] = streamer
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
-    _add_routes(app, config, streamer, probe)
+    _add_routes(app, config, streamer, probe, gate)
     app.register_error_handler(HTTPException, _http_error)
     return app
 
 
 def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreamer],
-                probe: PerProcess[redis.Redis]) -> None:
+                probe: PerProcess[redis.Redis], gate: PerProcess[WorkerGate]) -> None:
     keys = Keys(config.prefix)
+
+    def check_workers() -> None:
+        watch = gate.get()
+        if watch.claim_refresh():
+            try:
+                watch.update(read_workers(probe.get(), keys))
+            except (redis.RedisError, BrokerUnavailable):
+                pass  # the call itself reports Redis's failure
+        watch.check()
 
     @app.post("/predict")
     def predict() -> Response:
         try:
-            status, body, headers = 200, _predict(request, config, streamer.get()), {}
+            status, body, headers = 200, _predict(request, config, streamer.get(), check_workers), {}
         except Exception as exc:  # every failure becomes a JSON error with its status
             status, body, headers = protocol.error_reply(exc)
         metrics.count_response("/predict", status)
@@ -109,12 +121,13 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
         return Response(body, 200, content_type=content_type)
 
 
-def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
+def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> bytes:
     try:
         body = req.get_data(cache=False)
     except RequestEntityTooLarge:
         raise protocol.too_large(config.max_body) from None
     inputs = protocol.parse_inputs(req.content_type, body)
+    check_workers()
     with metrics.calls().track(config.prefix, len(inputs)):
         outputs = streamer.predict(inputs)
     return protocol.outputs_body(outputs)

@@ -26,11 +26,13 @@ from rstreamer.liveness import parse_read_workers
 
 from . import metrics, protocol
 from .config import WebConfig
+from .gate import WorkerGate
 
 
 def create_app(config: WebConfig | None = None) -> Starlette:
     """The Starlette app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
     config = config or WebConfig.from_env()
+    config.announce("rstreamer web app (ASGI)")
     keys = Keys(config.prefix)
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
 
@@ -39,6 +41,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         # Built inside the server's event loop, which their connections belong to.
         app.state.streamer = AsyncRedisStreamer(config.redis_url, config.prefix, settings=config.client)
         app.state.probe = create_async_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0)
+        app.state.gate = WorkerGate(config.prefix, config.dead_after, config.no_worker_grace)
         try:
             yield
         finally:
@@ -73,9 +76,21 @@ def create_app(config: WebConfig | None = None) -> Starlette:
 async def _predict(request: Request, config: WebConfig) -> bytes:
     body = await _read_body(request, config.max_body)
     inputs = protocol.parse_inputs(request.headers.get("content-type"), body)
+    await _check_workers(request.app.state, Keys(config.prefix))
     with metrics.calls().track(config.prefix, len(inputs)):
         outputs = await request.app.state.streamer.predict(inputs)
     return protocol.outputs_body(outputs)
+
+
+async def _check_workers(state: Any, keys: Keys) -> None:
+    """NoLiveWorker (503) when no live worker has served the prefix for the grace period."""
+    gate: WorkerGate = state.gate
+    if gate.claim_refresh():
+        try:
+            gate.update(await _read_workers(state.probe, keys))
+        except redis.RedisError:
+            pass  # the call itself reports Redis's failure
+    gate.check()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -1,14 +1,20 @@
 """The web app's settings, read once from ``RSTREAMER_*`` variables."""
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
+from rstreamer.connection import redacted
 from rstreamer.errors import ConfigError
 from rstreamer.keys import validate_prefix
 from rstreamer.settings import ClientSettings, WorkerSettings, redis_url_from_env
 
+logger = logging.getLogger("webapp")
+
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
+# Long enough for a crashed worker to be restarted and reload its model before calls are refused.
+DEFAULT_NO_WORKER_GRACE = 30.0
 
 
 @dataclass(frozen=True)
@@ -16,7 +22,9 @@ class WebConfig:
     """What a web process needs: the broker, the prefix, call limits and the request-body limit.
 
     ``client`` carries ``RSTREAMER_TIMEOUT`` and ``RSTREAMER_MAX_QUEUE``; ``dead_after`` is
-    the workers' liveness window, used by ``/readyz``.
+    the workers' liveness window, used by ``/readyz``. ``no_worker_grace``: seconds without a
+    live worker on the prefix after which ``/predict`` answers 503 at once.
+    ``prefix_from_default``: no prefix was configured, so ``default`` is used (logged loudly).
     """
 
     redis_url: str
@@ -24,25 +32,59 @@ class WebConfig:
     client: ClientSettings
     max_body: int = DEFAULT_MAX_BODY
     dead_after: float = WorkerSettings.dead_after
+    no_worker_grace: float = DEFAULT_NO_WORKER_GRACE
+    prefix_from_default: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix_from_default", self.prefix_from_default or not self.prefix)
         object.__setattr__(self, "prefix", validate_prefix(self.prefix))
         if self.max_body < 1:
             raise ConfigError(f"max_body must be > 0, got {self.max_body!r}")
+        if not self.no_worker_grace >= 0:
+            raise ConfigError(f"no_worker_grace must be >= 0, got {self.no_worker_grace!r}")
 
     @classmethod
     def from_env(cls) -> WebConfig:
         """``RSTREAMER_REDIS_URL``, ``RSTREAMER_PREFIX``, ``RSTREAMER_TIMEOUT``, ``RSTREAMER_MAX_QUEUE``,
-        ``RSTREAMER_MAX_BODY`` (bytes) and ``RSTREAMER_DEAD_AFTER``; raises ConfigError."""
+        ``RSTREAMER_MAX_BODY`` (bytes), ``RSTREAMER_DEAD_AFTER`` and ``RSTREAMER_NO_WORKER_GRACE``
+        (seconds); raises ConfigError."""
         raw_body = os.environ.get("RSTREAMER_MAX_BODY") or str(DEFAULT_MAX_BODY)
         try:
             max_body = int(raw_body)
         except ValueError:
             raise ConfigError(f"RSTREAMER_MAX_BODY={raw_body!r} is not a number of bytes") from None
+        raw_grace = os.environ.get("RSTREAMER_NO_WORKER_GRACE") or str(DEFAULT_NO_WORKER_GRACE)
+        try:
+            grace = float(raw_grace)
+        except ValueError:
+            raise ConfigError(f"RSTREAMER_NO_WORKER_GRACE={raw_grace!r} is not a number of seconds") from None
         return cls(
             redis_url=redis_url_from_env(),
             prefix=os.environ.get("RSTREAMER_PREFIX", ""),
             client=ClientSettings.from_env(),
             max_body=max_body,
             dead_after=WorkerSettings.from_env().dead_after,
+            no_worker_grace=grace,
         )
+
+    def announce(self, server: str) -> None:
+        """Log where this web process sends its calls (password hidden), loudly if the prefix
+        was not chosen: workers serve the prefix they were started with, never ``default`` by
+        themselves."""
+        _ensure_log_handler()
+        logger.info("%s: broker %s, prefix %r, timeout %gs, max queue %d, 503 after %gs without a live worker",
+                    server, redacted(self.redis_url), self.prefix, self.client.timeout, self.client.max_queue,
+                    self.no_worker_grace)
+        if self.prefix_from_default:
+            logger.warning("%s: RSTREAMER_PREFIX is not set: using prefix %r; calls reach only workers started "
+                           "with --prefix %s", server, self.prefix, self.prefix)
+
+
+def _ensure_log_handler() -> None:
+    # Under gunicorn or uvicorn nothing handles this logger's info lines; a server or an app
+    # that configured logging itself keeps its own handlers.
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [web pid %(process)d] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)

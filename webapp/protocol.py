@@ -56,9 +56,17 @@ def parse_inputs(content_type: str | None, body: bytes) -> list[Any]:
     mimetype = (content_type or "").split(";", 1)[0].strip().lower()
     if mimetype == JSON or mimetype.endswith("+json"):
         return _json_inputs(body)
+    if _looks_like_json(body):
+        # curl -d '{"inputs": ...}' sends a form type, and a bare client none: say what to change.
+        raise bad_request(f"the body looks like JSON but its Content-Type is {mimetype or 'missing'}: "
+                          f"send it with Content-Type: {JSON} (curl -H 'Content-Type: {JSON}')")
     if mimetype == FORM:
         return _form_inputs(body)
     raise bad_request(f'send {JSON} {{"inputs": [...]}} or {FORM} fields {FORM_FIELD}=..., not {mimetype or "no type"}')
+
+
+def _looks_like_json(body: bytes) -> bool:
+    return body.lstrip()[:1] in (b"{", b"[")
 
 
 def _json_inputs(body: bytes) -> list[Any]:
@@ -66,6 +74,8 @@ def _json_inputs(body: bytes) -> list[Any]:
         document = json.loads(body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
         raise bad_request(f"body is not valid JSON: {exc}") from None
+    except RecursionError:  # the parser recurses once per level: thousands of [[[[ exhaust the stack
+        raise bad_request("body is JSON nested too deeply (arrays or objects thousands of levels deep)") from None
     if not isinstance(document, dict) or "inputs" not in document:
         raise bad_request('expected a JSON object {"inputs": [...]}')
     inputs = document["inputs"]

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..connection import ping_broker
 from ..embedded import redis_url_or_embedded
 from ..metrics import percentile
 from ..model import Predictor, load_predictor
@@ -849,6 +850,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not _compare_available(args):
         return 2
+    if "redis" in args.transports and os.environ.get("RSTREAMER_REDIS_URL"):
+        # Checked before the other transports run, not minutes later when the Redis rows start.
+        ping_broker(os.environ["RSTREAMER_REDIS_URL"])
     # The benchmark models live in the top-level `workers` package of the repository.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

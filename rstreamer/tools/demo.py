@@ -70,14 +70,18 @@ SENTENCES = tuple(sentence for triple in TRIPLES for sentence in triple)
 
 # processes ---------------------------------------------------------------------------------
 
+# Set by a second Ctrl-C: stop every process group at once instead of waiting for its drain.
+FORCED = threading.Event()
+
+
 def _stop_group(process: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds (at
+    once after a second Ctrl-C)."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + grace
+        while process.poll() is None and time.monotonic() < deadline and not FORCED.wait(0.1):
             pass
     # Children of a drained leader may linger: the group goes down whatever the leader did.
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -314,8 +318,21 @@ def report(args: argparse.Namespace, samples: list[Sample], elapsed: float, batc
 
 # main ------------------------------------------------------------------------------------------
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class Interrupts:
+    """SIGINT and SIGTERM: the first stops the demo in order (workers finish their batch); a
+    second Ctrl-C kills everything it started at once, and says so."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if not self.stopping:
+            self.stopping = True
+            os.write(2, b"\nrstreamer demo: stopping everything it started (Ctrl-C again to kill it all now)\n")
+            raise KeyboardInterrupt
+        if signum == signal.SIGINT and not FORCED.is_set():
+            FORCED.set()  # the stop under way sees it within 0.1 s; raising here would skip a cleanup step
+            os.write(2, b"rstreamer demo: second Ctrl-C: killing everything now\n")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -337,14 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if shutil.which("rstreamer-worker", path=str(Path(sys.executable).parent)) is None:
         print("rstreamer demo: rstreamer-worker is not installed here; running it through python -c")
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    FORCED.clear()
+    interrupts = Interrupts()
+    previous = {signum: signal.signal(signum, interrupts) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         return run(args)
     except KeyboardInterrupt:
-        print("\nrstreamer demo: interrupted; everything it started is stopped")
+        print("rstreamer demo: interrupted; everything it started is stopped")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run(args: argparse.Namespace) -> int:

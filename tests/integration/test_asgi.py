@@ -57,19 +57,41 @@ def test_every_error_status(redis_url, prefix, workers, web):
                                  headers={"content-type": "application/json"})
     assert chunked.status_code == 413, "a body without Content-Length is counted as it streams"
     assert server.client.get("/nope").json()["error"]["type"] == "NotFound"
+    untyped = server.client.post("/predict", content=b'{"inputs": [1]}')
+    assert untyped.status_code == 400 and "looks like JSON" in untyped.json()["error"]["message"]
+    assert server.predict(list(range(101))).status_code == 200
+    server_bound = web.uvicorn(prefix, RSTREAMER_MAX_QUEUE="100")  # and the default 16 MiB body limit
+    deep = server_bound.client.post("/predict", content=b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                                    headers={"content-type": "application/json"})
+    assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
+    too_many = server_bound.predict(list(range(101)))
+    assert too_many.status_code == 413 and too_many.json()["error"]["type"] == "CallTooLarge"
+    assert "max_queue=100" in too_many.json()["error"]["message"]
     assert server.predict([21]).json() == {"outputs": [42]}
 
 
-def test_no_workers_is_504_and_not_ready(redis_url, prefix, web):
-    server = web.uvicorn(prefix, RSTREAMER_TIMEOUT="0.5")
+def test_no_live_worker_is_503_at_once_and_not_ready(redis_url, prefix, web):
+    server = web.uvicorn(prefix)  # the default 20 s timeout: the call must not wait it out
     response = server.predict([1])
-    assert response.status_code == 504 and response.json()["error"]["type"] == "StreamerTimeout"
+    assert response.status_code == 503 and response.json()["error"]["type"] == "NoLiveWorker"
+    assert f"no live worker serves prefix '{prefix}'" in response.json()["error"]["message"]
+    assert response.elapsed.total_seconds() < 5
     ready = server.client.get("/readyz")
     assert ready.status_code == 503 and ready.json()["live_workers"] == 0
 
 
+def test_a_slow_worker_is_504_and_the_start_is_logged(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.uvicorn(prefix, RSTREAMER_TIMEOUT="0.5")
+    response = server.predict([["sleep", 2]])
+    assert response.status_code == 504 and response.json()["error"]["type"] == "StreamerTimeout"
+    assert f"broker {redis_url}, prefix '{prefix}'" in server.log_tail()
+    assert "RSTREAMER_PREFIX is not set" not in server.log_tail()
+
+
 def test_full_queue_is_503_with_retry_after(redis_client, redis_url, prefix, web):
-    server = web.uvicorn(prefix, RSTREAMER_MAX_QUEUE="1", RSTREAMER_TIMEOUT="3")
+    server = web.uvicorn(prefix, RSTREAMER_MAX_QUEUE="1", RSTREAMER_TIMEOUT="3",
+                         RSTREAMER_NO_WORKER_GRACE="inf")  # no worker: the items must queue
     first: list[int] = []
     waiting = threading.Thread(target=lambda: first.append(server.predict([1]).status_code))
     waiting.start()

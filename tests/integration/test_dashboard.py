@@ -77,7 +77,7 @@ def malformed_entry(client: redis.Redis, redis_url: str, prefix: str, token: str
 
 @pytest.mark.timeout(900)  # the first run may install chromium
 def test_dashboard_in_a_browser(chromium, dashboard, redis_url, redis_client, prefix, workers, request):
-    playwright = pytest.importorskip("playwright.sync_api", reason="pip install 'rstreamer[test]' (playwright)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' (playwright)")
     ensure_group(redis_client, Keys(prefix))
     problems: list[str] = []
     with playwright.sync_playwright() as p:

@@ -53,7 +53,18 @@ def test_queue_length_pending_and_dead_letters_without_workers(capsys, redis_cli
     assert report["throughput"]["items_per_s"] == 0
 
 
-def test_a_prefix_nobody_used_is_all_zeros(capsys, redis_url, prefix):
+def test_a_prefix_nobody_used_is_unknown_not_all_zeros(capsys, redis_client, redis_url, prefix):
+    ensure_group(redis_client, Keys(f"{prefix}-real"))
+    for args in ([], ["--json"]):
+        assert status_main(["--redis", redis_url, "--prefix", prefix, "--interval", "0", *args]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert len(captured.err.strip().splitlines()) == 1, captured.err
+        assert f"prefix '{prefix}' is unknown" in captured.err and f"{prefix}-real" in captured.err
+
+
+def test_a_prefix_with_only_an_empty_stream_is_all_zeros(capsys, redis_client, redis_url, prefix):
+    ensure_group(redis_client, Keys(prefix))  # what a worker's start leaves behind
     report = status_json(capsys, "--redis", redis_url, "--prefix", prefix, "--interval", "0")
     assert (report["queue_length"], report["pending"], report["dead_letters"], report["workers"]) == (0, 0, 0, [])
 

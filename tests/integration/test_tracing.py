@@ -13,7 +13,7 @@ from rstreamer.keys import Keys
 from rstreamer.tracing import TRACEPARENT, WorkerTracer, current_traceparent, parent_of, traced_predict
 from support.procs import wait_until
 
-pytest.importorskip("opentelemetry.sdk", reason="pip install 'rstreamer[otel]'")
+pytest.importorskip("opentelemetry.sdk", reason="pip install -e '.[otel]'")
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402

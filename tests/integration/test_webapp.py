@@ -69,6 +69,8 @@ def test_model_error_is_500_with_type_and_message_only(redis_url, prefix, worker
     assert server.predict([4]).json() == {"outputs": [8]}, "one bad request must not break the next"
 
 
+DEEP_JSON = b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # a RecursionError in json.loads
+
 MALFORMED = [
     (b"{not json", "application/json", "not valid JSON"),
     (b"[1, 2]", "application/json", '{"inputs": [...]}'),
@@ -80,6 +82,10 @@ MALFORMED = [
     (b"s=%FF", "application/x-www-form-urlencoded", "not valid UTF-8"),
     (b"s=1", "text/plain", "application/json"),
     (b"s=1", None, "application/json"),
+    # JSON sent without its type (a bare client, or curl -d, which says form): the answer is about JSON.
+    (b'{"inputs": ["x"]}', None, "looks like JSON but its Content-Type is missing"),
+    (b'{"inputs": ["x"]}', "application/x-www-form-urlencoded", "send it with Content-Type: application/json"),
+    (DEEP_JSON, "application/json", "nested too deeply"),
 ]
 
 
@@ -102,17 +108,60 @@ def test_body_over_max_body_is_413(redis_url, prefix, workers, web):
     assert server.predict(["x" * 100]).status_code == 200
 
 
-def test_no_workers_is_504_and_not_ready(redis_url, prefix, web):
-    server = web.gunicorn(prefix, RSTREAMER_TIMEOUT="0.5")
+def test_no_live_worker_is_503_at_once_and_not_ready(redis_url, prefix, web):
+    server = web.gunicorn(prefix)  # the default 20 s timeout: the call must not wait it out
     response = server.predict([1])
-    assert response.status_code == 504
-    assert response.json()["error"]["type"] == "StreamerTimeout"
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert response.json()["error"] == {"type": "NoLiveWorker", "message": f"no live worker serves prefix "
+                                        f"'{prefix}' (no worker heart-beats on it)"}
+    assert response.elapsed.total_seconds() < 5
     ready = server.client.get("/readyz")
     assert ready.status_code == 503 and ready.json()["live_workers"] == 0
 
 
+def test_a_slow_worker_is_504(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix, RSTREAMER_TIMEOUT="0.5")
+    response = server.predict([["sleep", 2]])
+    assert response.status_code == 504 and response.json()["error"]["type"] == "StreamerTimeout"
+
+
+def test_calls_wait_through_the_grace_then_get_503_until_a_worker_is_back(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix, RSTREAMER_NO_WORKER_GRACE="1", RSTREAMER_TIMEOUT="1")
+    assert server.predict([1]).json() == {"outputs": [2]}
+    workers.stop_all()  # SIGKILL: the heartbeat stops; dead after 2 s, refused 1 s later
+    # Meanwhile calls wait (504), or are refused because the queue stopped moving (Overloaded).
+    refused = wait_until(lambda: (r := server.predict([2])).json()["error"]["type"] == "NoLiveWorker" and r,
+                         timeout=20, what="NoLiveWorker once the grace has passed")
+    assert refused.status_code == 503 and "none seen for" in refused.json()["error"]["message"]
+    workers.start(prefix)
+    wait_until(lambda: server.predict([3]).status_code == 200, timeout=20, what="served again")
+
+
+def test_the_app_logs_its_broker_without_the_password_and_warns_about_the_default_prefix(redis_url, web):
+    secret = "hunter2-not-used"
+    url = redis_url.replace("redis://", f"redis://:{secret}@")
+    server = web.gunicorn("", RSTREAMER_REDIS_URL=url)  # no prefix set
+    log = wait_until(lambda: "broker" in (text := server.log_tail()) and text, what="the start-up line")
+    assert f"broker {url.replace(secret, '***')}, prefix 'default'" in log
+    assert "RSTREAMER_PREFIX is not set: using prefix 'default'" in log
+    assert secret not in log
+
+
+def test_a_call_larger_than_the_queue_bound_is_413_with_the_reason(redis_url, prefix, workers, web):
+    workers.start(prefix)
+    server = web.gunicorn(prefix, RSTREAMER_MAX_QUEUE="100")
+    response = server.predict(list(range(101)))
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["type"] == "CallTooLarge" and "101 items" in error["message"] and "max_queue=100" in error["message"]
+    assert server.predict(list(range(100))).json() == {"outputs": [2 * n for n in range(100)]}
+
+
 def test_full_queue_is_503_with_retry_after(redis_client, redis_url, prefix, web):
-    server = web.gunicorn(prefix, RSTREAMER_MAX_QUEUE="1", RSTREAMER_TIMEOUT="3")
+    server = web.gunicorn(prefix, RSTREAMER_MAX_QUEUE="1", RSTREAMER_TIMEOUT="3",
+                         RSTREAMER_NO_WORKER_GRACE="inf")  # no worker: the items must queue
     first: list[int] = []
     waiting = threading.Thread(target=lambda: first.append(server.predict([1]).status_code))
     waiting.start()

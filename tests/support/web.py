@@ -62,7 +62,7 @@ class WebServers:
     def uwsgi(self, prefix: str, **env: str) -> WebServer:
         binary = shutil.which("uwsgi", path=str(BIN)) or shutil.which("uwsgi")
         if binary is None:
-            pytest.skip("uwsgi is not installed (pip install rstreamer[uwsgi])")
+            pytest.skip("uwsgi is not installed (pip install -e '.[uwsgi]', or make test)")
         port = free_port()
         command = [binary, "--ini", "webapp/uwsgi.ini", "--http11-socket", f"127.0.0.1:{port}",
                    "--processes", "2", "--threads", "8", "--disable-logging"]
@@ -70,7 +70,8 @@ class WebServers:
 
     def _start(self, command: list[str], port: int, prefix: str, env: dict[str, str]) -> WebServer:
         full_env = test_env()
-        full_env.update(RSTREAMER_REDIS_URL=self.redis_url, RSTREAMER_PREFIX=prefix, **env)
+        full_env.update(RSTREAMER_REDIS_URL=self.redis_url, RSTREAMER_PREFIX=prefix)
+        full_env.update(env)  # may override the two above
         log = self._logs / f"{len(self.servers)}-{Path(command[0]).name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(command, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,

@@ -31,12 +31,14 @@ def test_every_option_from_the_environment():
            "RSTREAMER_WORKERS_PER_GPU": "2", "RSTREAMER_BATCH_SIZE": "8", "RSTREAMER_MAX_LATENCY": "0.5",
            "RSTREAMER_INIT_ARGS": "[1]", "RSTREAMER_INIT_KWARGS": '{"a": 2}', "RSTREAMER_METRICS_PORT": "9000",
            "RSTREAMER_LOG_LEVEL": "debug", "RSTREAMER_LOG_INTERVAL": "5", "RSTREAMER_MAX_RESTARTS": "0",
-           "RSTREAMER_MAX_BATCH_COST": "4096", "RSTREAMER_COST_MODEL": "SUM", "RSTREAMER_MODEL": "m:C"}
+           "RSTREAMER_MAX_BATCH_COST": "4096", "RSTREAMER_COST_MODEL": "SUM", "RSTREAMER_MODEL": "m:C",
+           "RSTREAMER_WAIT_FOR_REDIS": "30"}
     args = parse([], env)
     assert vars(args) == {"redis": "redis://r:1/2", "prefix": "envp", "gpus": [0, 1], "workers_per_gpu": 2,
                           "batch_size": 8, "max_latency": 0.5, "init_args": [1], "init_kwargs": {"a": 2},
                           "metrics_port": 9000, "log_level": "DEBUG", "log_interval": 5.0, "max_restarts": 0,
-                          "max_batch_cost": 4096, "cost_model": "sum", "model": "m:C", "check": False}
+                          "max_batch_cost": 4096, "cost_model": "sum", "model": "m:C", "check": False,
+                          "wait_for_redis": 30.0}
     assert set(env) == set(cli.WORKER_ENV.values())
 
 

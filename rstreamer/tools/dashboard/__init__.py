@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
         print("rstreamer dashboard: --interval must be > 0 and --window >= --interval", file=sys.stderr)
         return 2
     if importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("starlette") is None:
-        print("rstreamer dashboard: needs the webapp extra: pip install 'rstreamer[webapp]'", file=sys.stderr)
+        print("rstreamer dashboard: needs starlette and uvicorn (the webapp extra): pip install starlette uvicorn", file=sys.stderr)
         return 2
     try:
         sock = socket.create_server((args.host, args.port))  # bound first, so the URL names the real port

@@ -1,0 +1,231 @@
+"""A newcomer's first hour: the mistakes one makes on day one get one clear line, at once.
+
+Real `rstreamer-worker`, `rstreamer demo`, `rstreamer bench` and `rstreamer status` processes
+against a real redis-server (or a port where none listens).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rstreamer import ConfigError, RedisStreamer
+from rstreamer.embedded import EmbeddedRedis, free_port
+from rstreamer.version import VERSION
+from support import procs
+from support.procs import wait_for_workers, wait_until
+
+BIN = Path(sys.executable).parent
+FAST = {"RSTREAMER_HEARTBEAT_INTERVAL": "0.2", "RSTREAMER_DEAD_AFTER": "1.0", "RSTREAMER_LOG_INTERVAL": "0"}
+
+
+def run(command: list[str], cwd: Path | None = None, timeout: float = 20, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a command to its end; a command that hangs fails the test through TimeoutExpired."""
+    return subprocess.run(command, cwd=cwd or procs.ROOT, env={**procs.test_env(), **FAST, **env},
+                          capture_output=True, text=True, timeout=timeout, start_new_session=True)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# rstreamer-worker: what --check finds stops it at once ------------------------------------------
+
+
+def test_unreachable_redis_stops_rstreamer_worker_at_once_with_one_line():
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    result = run([str(BIN / "rstreamer-worker"), "--redis", url, "--prefix", "p", "support.models:Doubler"])
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "unreachable" in line and "***" in line and "hunter2" not in line, line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["support.models:Dobler"], "defines no 'Dobler'; did you mean 'Doubler'"),
+    (["no_such_module_xyz:Model"], "no module named 'no_such_module_xyz'"),
+    (["--redis", "redis://127.0.0.1:99999/0", "support.models:Doubler"], "port 99999 out of range"),
+    (["--redis", "http://127.0.0.1:8000", "support.models:Doubler"], "not a Redis URL"),
+    (["--metrics-port", "70000", "support.models:Doubler"], "--metrics-port: must be between 1 and 65535"),
+    (["--batch-size", "0", "support.models:Doubler"], "--batch-size: must be between 1"),
+])
+def test_a_mistake_stops_rstreamer_worker_at_once_with_one_line(redis_url, prefix, args, message):
+    result = run([str(BIN / "rstreamer-worker"), "--redis", redis_url, "--prefix", prefix, *args])
+    assert result.returncode == 2
+    assert message in one_line(result.stderr)
+
+
+def test_a_model_whose_import_fails_in_the_worker_stops_the_supervisor_with_exit_2(redis_url, prefix, tmp_path):
+    # The module exists and names the class, so only importing it (in the worker) finds the mistake.
+    (tmp_path / "needs_missing.py").write_text(textwrap.dedent("""
+        import no_such_dependency_xyz
+        from rstreamer import ManagedModel
+
+
+        class Model(ManagedModel):
+            def predict(self, batch):
+                return batch
+    """))
+    started = time.monotonic()
+    result = run([str(BIN / "rstreamer-worker"), "--redis", redis_url, "--prefix", prefix, "--log-level", "WARNING",
+                  "needs_missing:Model"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert "cannot import 'needs_missing:Model'" in line and "no_such_dependency_xyz" in line, line
+    assert "crash loop" not in result.stderr
+    # No restart: the crash-loop path took 20 s (six starts and their backoffs).
+    assert time.monotonic() - started < 20
+
+
+def test_wait_for_redis_waits_for_a_redis_that_starts_later(prefix, tmp_path):
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    server = EmbeddedRedis(port=port)
+    log = tmp_path / "supervisor.log"
+    with log.open("wb") as out:
+        supervisor = subprocess.Popen(
+            [str(BIN / "rstreamer-worker"), "--redis", url, "--prefix", prefix, "--wait-for-redis", "60",
+             "support.models:Doubler"], env={**procs.test_env(), **FAST}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    try:
+        wait_until(lambda: "waiting up to 60s" in log.read_text(), timeout=20, what="the supervisor waiting")
+        assert supervisor.poll() is None
+        server.start()
+        wait_for_workers(url, prefix, timeout=60)
+        with RedisStreamer(url, prefix, timeout=10) as streamer:
+            assert streamer.predict([21]) == [42]
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(timeout=10)
+        server.close()
+
+
+def test_a_second_ctrl_c_kills_the_workers_at_once(redis_url, prefix, tmp_path):
+    log = tmp_path / "supervisor.log"
+    with log.open("wb") as out:
+        supervisor = subprocess.Popen(
+            [str(BIN / "rstreamer-worker"), "--redis", redis_url, "--prefix", prefix, "support.models:Doubler"],
+            env={**procs.test_env(), **FAST, "RSTREAMER_DRAIN_TIMEOUT": "120"}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    try:
+        wait_for_workers(redis_url, prefix, timeout=60)
+        with RedisStreamer(redis_url, prefix) as streamer:
+            streamer.submit([["sleep", 60]], timeout=90)  # a batch that would hold the drain for a minute
+            wait_until(lambda: streamer.redis.xpending(streamer.keys.requests, streamer.keys.group)["pending"],
+                       what="the batch in flight")
+        os.kill(supervisor.pid, signal.SIGINT)
+        wait_until(lambda: "stopping; workers finish their current batch" in log.read_text(), what="the drain")
+        os.kill(supervisor.pid, signal.SIGINT)
+        assert supervisor.wait(timeout=15) == 1  # not drained: killed
+        assert "second Ctrl-C: killing the workers now" in log.read_text()
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(timeout=10)
+
+
+# other commands ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["demo"], ["bench", "--quick"], ["chaos"]])
+def test_tools_with_an_unreachable_redis_print_one_line(command):
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    result = run([str(BIN / "rstreamer"), *command], RSTREAMER_REDIS_URL=url)
+    assert result.returncode != 0
+    line = one_line(result.stderr)
+    assert line.startswith(f"rstreamer {command[0]}: Redis at") and "unreachable" in line and "hunter2" not in line
+
+
+def test_version():
+    for command in (["rstreamer", "--version"], ["rstreamer-worker", "--version"]):
+        result = run([str(BIN / command[0]), *command[1:]])
+        assert result.returncode == 0 and result.stdout.strip() == f"{command[0]} {VERSION}", result
+
+
+def test_a_redis_streamer_given_an_http_url_raises_config_error():
+    with pytest.raises(ConfigError, match="not a Redis URL"):
+        RedisStreamer("http://localhost:8000/predict")
+    assert issubclass(ConfigError, ValueError)  # code that caught ValueError still does
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of the live processes whose environment holds ``marker`` (what a command started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis_url, tmp_path):
+    marker = f"RSTREAMER_TEST_MARK=demo-{free_port()}"
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        demo = subprocess.Popen(
+            [str(BIN / "rstreamer"), "demo", "--serve", "--workers", "1", "--web-workers", "1", "--output",
+             str(tmp_path)], cwd=procs.ROOT, env={**procs.test_env(), "RSTREAMER_REDIS_URL": redis_url,
+                                                  marker.split("=")[0]: marker.split("=")[1]},
+            stdout=stdout, stderr=stderr, start_new_session=True)
+    try:
+        # The embedding worker loads its model for seconds: a drain would wait for it.
+        wait_until(lambda: "starting 1 embedding workers" in out.read_text(), timeout=60, what="the demo starting")
+        wait_until(lambda: len(_processes_with(marker)) >= 3, timeout=30, what="workers and gunicorn started")
+        demo.send_signal(signal.SIGINT)
+        wait_until(lambda: "Ctrl-C again to kill it all now" in err.read_text(), what="the first stop")
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=10) == 130
+        assert "second Ctrl-C: killing everything now" in err.read_text()
+        wait_until(lambda: not _processes_with(marker), timeout=5, what="every process of the demo gone")
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait(timeout=10)
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+# the queue bound -----------------------------------------------------------------------------------
+
+
+def test_a_call_larger_than_the_queue_bound_is_refused_at_once(redis_client, redis_url, prefix):
+    import asyncio
+
+    from rstreamer import AsyncRedisStreamer, CallTooLarge, ClientSettings, Overloaded
+
+    settings = ClientSettings(max_queue=10, timeout=5)
+    with RedisStreamer(redis_url, prefix, settings=settings) as streamer:
+        with pytest.raises(CallTooLarge, match="a call of 11 items is larger than the queue bound"):
+            streamer.predict(list(range(11)))
+        with pytest.raises(CallTooLarge):
+            streamer.submit(list(range(100_000)))
+        assert not redis_client.exists(streamer.keys.requests), "nothing was enqueued"
+        streamer.submit(list(range(5)))  # nobody serves them: they wait
+        # 5 waiting + 6 would pass the bound: refused whole, never half enqueued.
+        with pytest.raises(Overloaded, match="5 items wait undelivered"):
+            streamer.submit(list(range(6)))
+        assert redis_client.xlen(streamer.keys.requests) == 5
+        streamer.submit(list(range(5)))  # exactly up to the bound
+        redis_client.delete(streamer.keys.requests)
+
+    async def refused_async() -> None:
+        async with AsyncRedisStreamer(redis_url, prefix, settings=settings) as streamer:
+            with pytest.raises(CallTooLarge):
+                await streamer.predict(list(range(11)))
+
+    asyncio.run(refused_async())
+    assert issubclass(CallTooLarge, ValueError) and CallTooLarge.http_status == 413

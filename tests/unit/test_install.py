@@ -1,0 +1,54 @@
+"""The install path of a fresh clone: what `make demo` and `make test` run (a dry run, `make -n`),
+and install instructions that work where rstreamer is not published on an index."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dry_run(target: str, tmp_path: Path, *variables: str) -> str:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", *variables, target], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout
+
+
+def pip_installs(commands: str) -> list[str]:
+    return [line for line in commands.splitlines() if " -m pip install" in line]
+
+
+def test_the_demo_installs_without_uwsgi_and_shows_progress(tmp_path):
+    commands = dry_run("demo", tmp_path)
+    installs = pip_installs(commands)
+    assert installs and not any("uwsgi" in line for line in installs), installs
+    assert not any(re.search(r"\s-q\b|--quiet", line) for line in installs), "a silent install looks hung"
+    assert commands.count("echo \"==> [") == 4, "each install step is announced"
+    assert "torch==2.13.0" in installs[1] and '-e ".[all]"' in installs[2]
+    assert "rstreamer demo" in commands.splitlines()[-1]
+
+
+def test_the_tests_add_uwsgi_after_the_demo_install(tmp_path):
+    installs = pip_installs(dry_run("test", tmp_path))
+    assert '-e ".[all]"' in installs[2] and "uwsgi" in installs[3], installs
+
+
+def test_torch_index_url_picks_the_cpu_build(tmp_path):
+    installs = pip_installs(dry_run("demo", tmp_path, "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"))
+    assert installs[1].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+
+
+def test_no_instruction_installs_rstreamer_from_an_index():
+    # `pip install rstreamer[x]` or 'rstreamer[x]' alone asks PyPI, where rstreamer is not published.
+    sources = [ROOT / "README.md", *ROOT.joinpath("docs").glob("*.md"), *ROOT.joinpath("rstreamer").rglob("*.py"),
+               *ROOT.joinpath("tests").rglob("*.py"), ROOT / "Makefile"]
+    bad = re.compile(r"pip install\s+['\"]?rstreamer(\[[^\]]*\])?['\"]?(?!\S*\s*@)")
+    offenders = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in sources if path != Path(__file__)
+                 for match in bad.finditer(path.read_text())]
+    assert not offenders, offenders
