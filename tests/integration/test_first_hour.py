@@ -190,7 +190,8 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=10) == 130
         assert "second Ctrl-C: killing everything now" in err.read_text()
-        wait_until(lambda: not _processes_with(marker), timeout=5, what="every process of the demo gone")
+        # SIGKILLed children vanish when the kernel reaps them: seconds on a loaded machine
+        wait_until(lambda: not _processes_with(marker), timeout=20, what="every process of the demo gone")
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
