@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` and `make test`. Each sets up what it needs.
+# The two commands of the README: `make demo` and `make test` (and `make lint`, which CI runs first).
+# Each sets up what it needs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -6,7 +7,8 @@ PYTEST_ARGS ?=
 export PIP_FIND_LINKS ?= /opt/wheels
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
+LINT_PATHS := rstreamer webapp workers tests
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +26,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff and mypy read their settings from pyproject.toml; both come with the [lint] extra that [all] pulls.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(VENV)/bin/rstreamer bench $(BENCH_ARGS)

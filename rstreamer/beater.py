@@ -174,6 +174,7 @@ def serve(config: dict[str, Any], stdin: IO[bytes]) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """The heartbeat process: ``argv[1]`` is its JSON config; it beats until the worker ends."""
     config = json.loads(argv[1])
     # A Ctrl-C reaches the whole process group: the worker drains its batch, and must stay
     # live meanwhile. This process ends when the worker does.

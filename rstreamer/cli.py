@@ -333,8 +333,8 @@ def status_parser() -> argparse.ArgumentParser:
 
 def status_main(argv: list[str]) -> int:
     """``rstreamer status``."""
-    from .connection import create_redis, normalize_broker_url, redacted
     from . import status
+    from .connection import create_redis, normalize_broker_url, redacted
 
     args = status_parser().parse_args(argv)
     dead_after = WorkerSettings.from_env().dead_after
@@ -373,7 +373,8 @@ def bench_main(argv: list[str]) -> int:
     try:
         module = importlib.import_module("rstreamer.tools.bench")
     except ImportError as exc:
-        missing = "this installation has no rstreamer.tools.bench module" if exc.name == "rstreamer.tools.bench" else str(exc)
+        bench = "rstreamer.tools.bench"
+        missing = f"this installation has no {bench} module" if exc.name == bench else str(exc)
         print(f"rstreamer bench: not available: {missing}", file=sys.stderr)
         return 2
     return int(module.main(argv) or 0)

@@ -32,6 +32,7 @@ def find_server_binary() -> str:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -49,9 +50,11 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
+        """The server's ``redis://`` URL."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers PING; RuntimeError if it does not within ``timeout``."""
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self._dir, "--daemonize", "no", *self.extra_args]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -73,6 +76,7 @@ class EmbeddedRedis:
             client.close()
 
     def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s); it can be started again on the same port."""
         if self._process and self._process.poll() is None:
             self._process.terminate()
             try:
@@ -83,6 +87,7 @@ class EmbeddedRedis:
         self._process = None
 
     def close(self) -> None:
+        """Stop the server and delete its directory."""
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 

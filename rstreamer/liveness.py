@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from . import lua
+from .connection import RedisClient
 from .keys import Keys
 
 logger = logging.getLogger(__name__)
@@ -29,11 +30,12 @@ def parse_workers(raw: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
 
 
 def server_time_ms(time_reply: tuple[int, int]) -> int:
+    """Redis's TIME reply ``(seconds, microseconds)`` in milliseconds."""
     seconds, micros = time_reply
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def read_workers(client: redis.Redis, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
+def read_workers(client: RedisClient, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
     """The server's time (ms) and every worker's last heartbeat info."""
     return parse_read_workers(client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
 
@@ -41,7 +43,7 @@ def read_workers(client: redis.Redis, keys: Keys) -> tuple[int, dict[str, dict[s
 def parse_read_workers(reply: list[Any]) -> tuple[int, dict[str, dict[str, Any]]]:
     """The reply of the READ_WORKERS script as ``(server time in ms, workers)``."""
     seconds, micros, flat = reply
-    return server_time_ms((seconds, micros)), parse_workers(dict(zip(flat[::2], flat[1::2])))
+    return server_time_ms((seconds, micros)), parse_workers(dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
 def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms: int) -> set[str]:
@@ -58,7 +60,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: Keys,
         name: str,
         info: Callable[[], dict[str, Any]],
@@ -97,7 +99,7 @@ class Heartbeat:
             logger.warning("worker %s: could not remove heartbeat: %s", self._name, exc)
 
 
-def wait_for_live_workers(client: redis.Redis, keys: Keys, count: int, timeout: float, dead_after: float = 2.0) -> None:
+def wait_for_live_workers(client: RedisClient, keys: Keys, count: int, timeout: float, dead_after: float = 2.0) -> None:
     """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:

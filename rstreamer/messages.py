@@ -182,6 +182,7 @@ class Admission:
 
     @classmethod
     def parse(cls, reply: Sequence[Any]) -> Admission:
+        """The ENQUEUE script's reply ``(accepted, reason, detail)``."""
         accepted, reason, detail = (int(value) for value in reply)
         return cls(accepted, reason, detail)
 
@@ -230,7 +231,7 @@ def _row_bytes(index: int, outcome: Outcome[Any], version: int, max_bytes: int) 
     if outcome.ok:
         output = _encoded_output(outcome.value, max_bytes - _ENVELOPE, version)
         if isinstance(output, bytes):
-            head = msgpack.packb(index) + msgpack.packb(True)
+            head: bytes = msgpack.packb(index) + msgpack.packb(True)
             if version != PREVIOUS_VERSION:
                 head += _bin_header(len(output))
             return b"\x93" + head + output  # 0x93: an array of three
@@ -242,10 +243,11 @@ def _row_bytes(index: int, outcome: Outcome[Any], version: int, max_bytes: int) 
 
 def _message(rows: list[bytes], version: int) -> bytes:
     packer = msgpack.Packer()
-    body = packer.pack_array_header(len(rows)) + b"".join(rows)
+    body: bytes = packer.pack_array_header(len(rows)) + b"".join(rows)
     if version == PREVIOUS_VERSION:
         return body
-    return packer.pack_map_header(2) + packer.pack("v") + packer.pack(version) + packer.pack(ROWS) + body
+    header: bytes = packer.pack_map_header(2) + packer.pack("v") + packer.pack(version) + packer.pack(ROWS)
+    return header + body
 
 
 def pack_results(results: Iterable[tuple[int, Outcome[Any]]], version: int = WIRE_VERSION,

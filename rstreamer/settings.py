@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import Field, dataclass, fields, replace
+from typing import Any, ClassVar, TypeVar
 
 from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
@@ -25,14 +26,16 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
 
 
 class _EnvSettings:
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every subclass is a dataclass
+
     @classmethod
     def from_env(cls: type[_S], **overrides: Any) -> _S:
         """Defaults, then ``RSTREAMER_<FIELD>`` variables, then non-None ``overrides``."""
         values: dict[str, Any] = {}
-        for field in fields(cls):  # type: ignore[arg-type]
+        for field in fields(cls):
             raw = os.environ.get(ENV_PREFIX + field.name.upper())
             if raw not in (None, ""):
-                kind = type(field.default)
+                kind: Callable[[str], Any] = type(field.default)
                 try:
                     values[field.name] = kind(raw)
                 except ValueError as exc:
@@ -41,7 +44,7 @@ class _EnvSettings:
         return cls(**values)
 
     def replace(self: _S, **changes: Any) -> _S:
-        return replace(self, **changes)  # type: ignore[type-var]
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,19 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import FrameType
+from typing import Any, Union
 
 from .batching import BatchStats
 from .errors import ConfigError
 from .keys import Keys
 from .model import ModelSpec, model_ref
-from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, round_robin
+from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, process_context, round_robin
 from .settings import WorkerSettings
+
+SignalHandler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +122,11 @@ class StatsSummary:
         self._stopped = threading.Event()
 
     def start(self) -> None:
+        """Start logging a summary every ``interval`` seconds, in a daemon thread."""
         threading.Thread(target=self._run, name=f"summary-{self.name}", daemon=True).start()
 
     def stop(self) -> None:
+        """Stop the summaries."""
         self._stopped.set()
 
     def _run(self) -> None:
@@ -175,7 +180,7 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.restart_window = restart_window
         self.restart_backoff = restart_backoff
-        self._context = multiprocessing.get_context(mp_start_method)
+        self._context = process_context(mp_start_method)
         self._processes: dict[int, Any] = {}
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
         self._restart_at: dict[int, float] = {}
@@ -217,10 +222,10 @@ class Supervisor:
             reader.close()
             writer.close()
 
-    def _install_signal_handlers(self) -> dict[int, Any]:
+    def _install_signal_handlers(self) -> dict[signal.Signals, SignalHandler]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[signal.Signals, SignalHandler] = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, self._on_signal)
         return previous
@@ -313,7 +318,7 @@ class Supervisor:
         if len(crashes) > self.max_restarts:
             raise CrashLoop(f"worker slot {slot} died {len(crashes)} times within {self.restart_window:g}s "
                             f"(last: pid {process.pid}, exit code {process.exitcode})")
-        delay = min(self.restart_backoff * 2 ** (len(crashes) - 1), 30.0)
+        delay = min(self.restart_backoff * 2.0 ** (len(crashes) - 1), 30.0)
         logger.warning("worker slot %d (pid %s) exited with code %s; restarting in %.1fs "
                        "(%d of at most %d restarts within %gs)", slot, process.pid, process.exitcode, delay,
                        len(crashes), self.max_restarts, self.restart_window)

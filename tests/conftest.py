@@ -9,6 +9,7 @@ import redis
 
 from rstreamer.embedded import EmbeddedRedis
 from support.procs import WorkerProcesses
+from support.web import WebServers
 
 
 @pytest.fixture(scope="session")
@@ -59,5 +60,13 @@ def prefix() -> str:
 @pytest.fixture
 def workers(redis_url: str) -> Iterator[WorkerProcesses]:
     factory = WorkerProcesses(redis_url)
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture
+def web(redis_url: str) -> Iterator[WebServers]:
+    """Start web servers with ``web.gunicorn(prefix, RSTREAMER_TIMEOUT="1")``; all killed at teardown."""
+    factory = WebServers(redis_url)
     yield factory
     factory.stop_all()

@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,14 +168,18 @@ class Target:
         return self.call(batch, timeout)
 
 
-def _ours_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+Targets = Generator[tuple[str, Target], None, None]
+"""What a transport family yields: named targets; closing it stops their transports."""
+
+
+def _ours_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     from ..local import ThreadedStreamer
 
     with ThreadedStreamer(predict, args.batch_size, args.max_latency) as streamer:
         yield "threaded", Target(streamer.predict, lambda sent: (streamer.stats.batches, streamer.stats.items))
 
 
-def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     from ..local import Streamer
 
     streamer = Streamer(model.ref, args.batch_size, args.max_latency, worker_num=1,
@@ -236,7 +240,7 @@ def _supervised(url: str, prefix: str, model: ModelInfo, args: argparse.Namespac
         thread.join(timeout=60)
 
 
-def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     from ..client import RedisStreamer
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
@@ -253,7 +257,7 @@ def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) 
 
 # service-streamer (the original package) ----------------------------------------------------
 
-def _ss_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ss_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     import service_streamer
 
     streamer = service_streamer.ThreadedStreamer(predict, args.batch_size, args.max_latency)
@@ -263,7 +267,7 @@ def _ss_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace)
         streamer.destroy_workers()
 
 
-def _ss_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ss_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     import service_streamer
 
     streamer = service_streamer.Streamer(LazyPredict(model.ref, model.init_kwargs), args.batch_size,
@@ -300,7 +304,8 @@ class OriginalTransformer(_OriginalWorkerModel):
     model = "transformer"
 
 
-ORIGINAL_MODELS = {"noop": "rstreamer.tools.bench:OriginalEcho", "transformer": "rstreamer.tools.bench:OriginalTransformer"}
+ORIGINAL_MODELS = {
+    "noop": "rstreamer.tools.bench:OriginalEcho", "transformer": "rstreamer.tools.bench:OriginalTransformer"}
 
 
 def _ss_worker_process(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> subprocess.Popen[bytes]:
@@ -346,7 +351,7 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
     process.wait(timeout=10)
 
 
-def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     import service_streamer
 
     # The original's queue and channel names are global to a Redis server; a fresh prefix keeps runs apart.
@@ -367,10 +372,10 @@ def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) ->
                 _stop_group(process)
 
 
-FAMILIES: dict[str, Callable[..., Iterator[tuple[str, Target]]]] = {
+FAMILIES: dict[str, Callable[..., Targets]] = {
     "threaded": _ours_threaded, "streamer": _ours_streamer, "redis": _ours_redis,
 }
-COMPARE_FAMILIES: dict[str, Callable[..., Iterator[tuple[str, Target]]]] = {
+COMPARE_FAMILIES: dict[str, Callable[..., Targets]] = {
     "threaded": _ss_threaded, "streamer": _ss_streamer, "redis": _ss_redis,
 }
 
@@ -628,7 +633,7 @@ def bench_model(model: ModelInfo, args: argparse.Namespace) -> list[Result]:
     return results
 
 
-def _families(args: argparse.Namespace) -> list[Callable[..., Iterator[tuple[str, Target]]]]:
+def _families(args: argparse.Namespace) -> list[Callable[..., Targets]]:
     families = [FAMILIES[name] for name in args.transports]
     if args.compare:
         families += [COMPARE_FAMILIES[name] for name in args.transports]
@@ -661,7 +666,8 @@ def format_table(results: Sequence[Result]) -> str:
     """The results as an aligned text table (latencies in ms)."""
     rows = [list(COLUMNS)] + [_row(r) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     bursts = [r for r in results if r.burst_callers]

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         supervisor = Supervisor(spec, [None] * args.workers, max_restarts=10**9, restart_window=1.0)
         with supervising(supervisor), RedisStreamer(url, prefix) as streamer:
             wait_for_live_workers(streamer.redis, streamer.keys, args.workers, timeout=120)
-            threads = [threading.Thread(target=load, args=(streamer, numbers, stop, tally)) for _ in range(args.threads)]
+            threads = [threading.Thread(target=load, args=(streamer, numbers, stop, tally))
+                       for _ in range(args.threads)]
             threads.append(threading.Thread(target=kill_randomly, args=(supervisor, args.kill_every, stop, tally)))
             started = time.monotonic()
             for thread in threads:

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import IO, Any
 
@@ -61,7 +62,8 @@ TRIPLES = (
     ("The car needs new tyres.", "The vehicle's tires must be replaced.", "Bees make honey from nectar."),
     ("She is learning to speak Spanish.", "She studies the Spanish language.", "The bridge was painted red."),
     ("The hotel room was very clean.", "Our room at the hotel was spotless.", "The server crashed overnight."),
-    ("Add two cups of flour to the bowl.", "Put 2 cups of flour in the mixing bowl.", "The goalkeeper saved a penalty."),
+    ("Add two cups of flour to the bowl.", "Put 2 cups of flour in the mixing bowl.",
+     "The goalkeeper saved a penalty."),
     ("The company hired fifty new engineers.", "Fifty engineers joined the firm.", "The moon orbits the Earth."),
 )
 
@@ -135,6 +137,11 @@ def web_command(port: int, web_workers: int) -> list[str]:
             "--bind", f"127.0.0.1:{port}", "--workers", str(web_workers), "--threads", "16"]
 
 
+def _program(process: subprocess.Popen[bytes]) -> str:
+    args = process.args
+    return str(args[0] if isinstance(args, (list, tuple)) else args)
+
+
 def wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], timeout: float = STARTUP_TIMEOUT) -> None:
     """Poll ``/readyz`` (Redis up and a worker alive) until 200; fail early if a process died."""
     import httpx
@@ -144,7 +151,7 @@ def wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], timeout:
         while True:
             for process in processes:
                 if process.poll() is not None:
-                    raise SystemExit(f"rstreamer demo: {process.args[0]} exited with {process.returncode}")
+                    raise SystemExit(f"rstreamer demo: {_program(process)} exited with {process.returncode}")
             with contextlib.suppress(httpx.TransportError):
                 if client.get("/readyz").status_code == 200:
                     return
@@ -234,7 +241,7 @@ class BatchSampler:
 # checks and report -----------------------------------------------------------------------------
 
 def cosine(u: list[float], v: list[float]) -> float:
-    dot = sum(a * b for a, b in zip(u, v))
+    dot = sum(a * b for a, b in zip(u, v, strict=True))
     return dot / (math.sqrt(sum(a * a for a in u)) * math.sqrt(sum(b * b for b in v)) or 1.0)
 
 
@@ -263,7 +270,7 @@ def percentile(values: list[float], q: float) -> float:
 def batch_series(points: list[tuple[float, int, int]]) -> list[tuple[float, float]]:
     """(seconds, mean batch size of the batches run since the previous point)."""
     series = []
-    for (_, b0, i0), (t1, b1, i1) in zip(points, points[1:]):
+    for (_, b0, i0), (t1, b1, i1) in pairwise(points):
         if b1 > b0:
             series.append((t1, (i1 - i0) / (b1 - b0)))
     return series

@@ -154,7 +154,7 @@ def test_embeddings_have_meaning(redis_url, prefix, workers):
         async with AsyncRedisStreamer(redis_url, prefix) as streamer:
             return await asyncio.gather(*(streamer.predict([s]) for s in sentences))
 
-    vectors = {s: out[0] for s, out in zip(sentences, run(scenario()))}
+    vectors = {s: out[0] for s, out in zip(sentences, run(scenario()), strict=True)}
     for anchor, paraphrase, unrelated in TRIPLES:
         close, far = cosine(vectors[anchor], vectors[paraphrase]), cosine(vectors[anchor], vectors[unrelated])
         assert close > far + 0.1, (anchor, close, far)

@@ -17,8 +17,8 @@ import redis
 
 from rstreamer import AsyncRedisStreamer, BrokerUnavailable, Overloaded, RedisStreamer, RemoteError, StreamerTimeout
 from rstreamer.calls import SOCKET_TIMEOUT
-from rstreamer.codec import unpackb
 from rstreamer.coalescer import Coalescer
+from rstreamer.codec import unpackb
 from rstreamer.embedded import EmbeddedRedis
 from rstreamer.errors import RStreamerError
 from support.procs import wait_until
@@ -89,7 +89,7 @@ def test_sync_calls_return_within_their_timeout_while_redis_is_stalled(private_r
         wait_until(lambda: _blpop_clients(client), what="the first call in BLPOP")
         _signal(private_redis, signal.SIGSTOP)
         for n in range(4):  # concurrent: coalesced into ENQUEUEs that Redis never answers
-            calls.start(f"predict during the stall {n}", lambda: streamer.predict([n]))
+            calls.start(f"predict during the stall {n}", lambda n=n: streamer.predict([n]))
         calls.start("submit during the stall", lambda: streamer.submit([9]).result())
         results = calls.join(timeout + 10)
     finally:

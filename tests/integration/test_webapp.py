@@ -14,7 +14,6 @@ from rstreamer.keys import Keys
 from support import procs
 from support.procs import wait_until
 from support.sentences import TRIPLES, cosine
-from support.web import web  # noqa: F401  (web is a fixture)
 
 
 def test_json_and_form_inputs_under_concurrency(redis_url, prefix, workers, web):
@@ -52,7 +51,7 @@ def test_embeddings_through_the_web_app_have_meaning(redis_url, prefix, workers,
     with ThreadPoolExecutor(12) as pool:
         responses = list(pool.map(lambda s: server.predict([s]), sentences))
     assert [r.status_code for r in responses] == [200] * len(sentences)
-    vectors = dict(zip(sentences, (r.json()["outputs"][0] for r in responses)))
+    vectors = dict(zip(sentences, (r.json()["outputs"][0] for r in responses), strict=True))
     assert all(len(v) == 384 for v in vectors.values())
     for anchor, paraphrase, unrelated in TRIPLES:
         close, far = cosine(vectors[anchor], vectors[paraphrase]), cosine(vectors[anchor], vectors[unrelated])

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import msgpack
 import pytest
 
-from rstreamer import ClientSettings, RedisStreamer, WorkerSettings, codec
-from rstreamer.client import Coalescer
+from rstreamer import ClientSettings, RedisStreamer, codec
 from rstreamer.batching import Outcome
+from rstreamer.client import Coalescer
 from rstreamer.connection import ensure_group
 from rstreamer.errors import Overloaded, RemoteError, StreamerTimeout
 from rstreamer.keys import Keys
@@ -27,7 +27,8 @@ from rstreamer.messages import unpack_results
 from support import procs
 from support.procs import TESTS, wait_for_workers, wait_until
 
-LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1") + glob.glob("/usr/lib*/faketime/libfaketimeMT.so.1"))
+LIBFAKETIME = sorted(
+    glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1") + glob.glob("/usr/lib*/faketime/libfaketimeMT.so.1"))
 
 
 def start_skewed_worker(workers, prefix: str, skew_s: int) -> None:

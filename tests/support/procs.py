@@ -80,7 +80,8 @@ def live_pids(url: str, prefix: str) -> set[int]:
     return {int(info["pid"]) for info in workers.values()}
 
 
-def wait_for_workers(url: str, prefix: str, pids: set[int] | None = None, count: int = 1, timeout: float = 60.0) -> None:
+def wait_for_workers(url: str, prefix: str, pids: set[int] | None = None, count: int = 1,
+                     timeout: float = 60.0) -> None:
     """Wait until the given pids (or ``count`` workers) heart-beat on ``prefix``."""
     def ready() -> bool:
         live = live_pids(url, prefix)

@@ -13,5 +13,5 @@ TRIPLES = [
 
 
 def cosine(u: list[float], v: list[float]) -> float:
-    dot = sum(a * b for a, b in zip(u, v))
+    dot = sum(a * b for a, b in zip(u, v, strict=True))
     return dot / (math.sqrt(sum(a * a for a in u)) * math.sqrt(sum(b * b for b in v)))

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,11 +98,3 @@ class WebServers:
                     pass
             server.process.wait(timeout=10)
         shutil.rmtree(self._logs, ignore_errors=True)
-
-
-@pytest.fixture
-def web(redis_url: str) -> Iterator[WebServers]:
-    """Start web servers with ``web.gunicorn(prefix, RSTREAMER_TIMEOUT="1")``; all killed at teardown."""
-    factory = WebServers(redis_url)
-    yield factory
-    factory.stop_all()

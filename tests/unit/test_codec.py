@@ -52,7 +52,7 @@ def assert_same(left, right):
     assert type(left) is type(right), (left, right)
     if isinstance(left, (list, tuple)):
         assert len(left) == len(right)
-        for a, b in zip(left, right):
+        for a, b in zip(left, right, strict=True):
             assert_same(a, b)
     elif isinstance(left, dict):
         assert list(left) == list(right)

@@ -78,7 +78,8 @@ def test_an_unparsable_worker_variable_is_a_config_error_naming_it(monkeypatch, 
 
 @pytest.mark.parametrize(
     "name, value",
-    [("RSTREAMER_TIMEOUT", "0"), ("RSTREAMER_TIMEOUT", "-1"), ("RSTREAMER_TIMEOUT", "nan"), ("RSTREAMER_MAX_QUEUE", "-1")],
+    [("RSTREAMER_TIMEOUT", "0"), ("RSTREAMER_TIMEOUT", "-1"), ("RSTREAMER_TIMEOUT", "nan"),
+     ("RSTREAMER_MAX_QUEUE", "-1")],
 )
 def test_an_out_of_range_variable_is_a_config_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
