@@ -5,13 +5,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from . import lua
 from .connection import RedisClient
 from .keys import Keys
+from .settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +100,26 @@ class Heartbeat:
             logger.warning("worker %s: could not remove heartbeat: %s", self._name, exc)
 
 
-def wait_for_live_workers(client: RedisClient, keys: Keys, count: int, timeout: float, dead_after: float = 2.0) -> None:
-    """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s."""
+class FleetTotals(NamedTuple):
+    """What the workers of a prefix have done, summed over their heartbeats."""
+
+    batches: int
+    items: int  # answered by the model
+    expired: int  # answered as expired without running
+
+
+def fleet_totals(client: RedisClient, keys: Keys) -> FleetTotals:
+    """The batches, items and expired items that every worker entry of ``keys`` reports."""
+    infos = read_workers(client, keys)[1].values()
+    return FleetTotals(*(sum(int(info.get(counter, 0)) for info in infos) for counter in FleetTotals._fields))
+
+
+def wait_for_live_workers(client: RedisClient, keys: Keys, count: int, timeout: float,
+                          dead_after: float = WorkerSettings.dead_after) -> None:
+    """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s.
+
+    The one place that waits for a fleet: the CLI's tools, the demo and the benchmarks use it.
+    """
     deadline = time.monotonic() + timeout
     while True:
         now_ms, workers = read_workers(client, keys)

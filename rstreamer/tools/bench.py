@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ..embedded import redis_url_or_embedded
+from ..liveness import fleet_totals, wait_for_live_workers
 from ..metrics import percentile
 from ..model import Predictor, load_predictor
+from .processes import stop_group
 
 LOAD_PAD = 0.5  # seconds of load before the measured window opens (queues fill, caches warm)
 # Calls that end less than BURST_GAP apart, within BURST_MAX of the first, were answered by one batch.
@@ -202,24 +204,11 @@ def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespac
 
 def _heartbeat_totals(streamer: Any, sent: int, timeout: float = 5.0) -> tuple[int, int]:
     """(batches, items) of the prefix's workers, once their heartbeats count ``sent`` items."""
-    from ..liveness import read_workers
-
     deadline = time.monotonic() + timeout
     while True:
-        infos = read_workers(streamer.redis, streamer.keys)[1].values()
-        totals = sum(i["batches"] for i in infos), sum(i["items"] + i.get("expired", 0) for i in infos)
-        if totals[1] >= sent or time.monotonic() > deadline:
-            return totals
-        time.sleep(0.05)
-
-
-def _wait_workers(streamer: Any, count: int, timeout: float = 120.0) -> None:
-    from ..liveness import read_workers
-
-    deadline = time.monotonic() + timeout
-    while len(read_workers(streamer.redis, streamer.keys)[1]) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{count} workers did not start within {timeout:g}s")
+        batches, items, expired = fleet_totals(streamer.redis, streamer.keys)
+        if items + expired >= sent or time.monotonic() > deadline:
+            return batches, items + expired
         time.sleep(0.05)
 
 
@@ -248,7 +237,7 @@ def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) 
           contextlib.ExitStack() as workers):
         for count in (1, 2):
             workers.enter_context(_supervised(url, prefix, model, args))
-            _wait_workers(streamer, count)
+            wait_for_live_workers(streamer.redis, streamer.keys, count, timeout=120)
             yield f"redis-{count}", Target(
                 streamer.predict, lambda sent: _heartbeat_totals(streamer, sent),
                 ceiling="direct" if count == 1 else "direct-x2",
@@ -326,7 +315,7 @@ def _ss_worker_process(url: str, prefix: str, model: ModelInfo, args: argparse.N
     ready = threading.Event()
     threading.Thread(target=_watch_stderr, args=(process, ready), daemon=True).start()
     if not ready.wait(300):
-        _stop_group(process)
+        stop_group(process)
         raise RuntimeError("service-streamer worker did not load its model within 300s")
     return process
 
@@ -343,12 +332,6 @@ def _repo_root() -> str:
     import workers
 
     return str(Path(workers.__file__).resolve().parent.parent)
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, 9)
-    process.wait(timeout=10)
 
 
 def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
@@ -369,7 +352,7 @@ def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) ->
                 )
         finally:
             for process in processes:
-                _stop_group(process)
+                stop_group(process)
 
 
 FAMILIES: dict[str, Callable[..., Targets]] = {

@@ -198,22 +198,6 @@ def test_a_full_redis_answers_overloaded_at_once_async(private_redis, prefix):
 # issue 10 #2 (client side): one undecodable reply message ---------------------------------------
 
 
-@pytest.fixture
-def held_first_send(monkeypatch):
-    """Hold the first ENQUEUE back 0.3 s, so that the calls made meanwhile share the next one."""
-    sends: list[int] = []
-    original = Coalescer._send
-
-    def slow_first_send(self, taken):
-        sends.append(len(taken))
-        if len(sends) == 1:
-            time.sleep(0.3)
-        return original(self, taken)
-
-    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
-    return sends
-
-
 def _coalesced_calls(streamer: RedisStreamer, redis_client: redis.Redis, payloads: list[str],
                      sends: list[int]) -> tuple[Outcomes, str, dict[str, int]]:
     """Start one call per payload, coalesced; their shared token and each payload's reply index."""

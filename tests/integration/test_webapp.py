@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rstreamer.keys import Keys
+from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
 from support import procs
 from support.procs import wait_until
-from support.sentences import TRIPLES, cosine
 
 
 def test_json_and_form_inputs_under_concurrency(redis_url, prefix, workers, web):
@@ -47,7 +47,7 @@ def test_embeddings_through_the_web_app_have_meaning(redis_url, prefix, workers,
     workers.start(prefix, model="workers.embedding:EmbeddingModel", init_kwargs={"torch_threads": 1},
                   batch_size=32, max_latency=0.01)
     server = web.gunicorn(prefix)
-    sentences = [sentence for triple in TRIPLES for sentence in triple]
+    sentences = list(SENTENCES)
     with ThreadPoolExecutor(12) as pool:
         responses = list(pool.map(lambda s: server.predict([s]), sentences))
     assert [r.status_code for r in responses] == [200] * len(sentences)

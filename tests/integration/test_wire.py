@@ -18,7 +18,6 @@ import pytest
 
 from rstreamer import ClientSettings, RedisStreamer, codec
 from rstreamer.batching import Outcome
-from rstreamer.client import Coalescer
 from rstreamer.connection import ensure_group
 from rstreamer.errors import Overloaded, RemoteError, StreamerTimeout
 from rstreamer.keys import Keys
@@ -183,23 +182,8 @@ def test_stream_entries_carry_the_version_and_a_timeout_relative_to_the_entry_id
 
 # one undecodable output fails only its item (issue 10 #2) --------------------------------------
 
-@pytest.fixture
-def sends(monkeypatch):
-    """The first ENQUEUE_CALLS is held back 0.3 s so that the next calls pile up and coalesce."""
-    record: list[int] = []
-    original = Coalescer._send
-
-    def slow_first_send(self, taken):
-        record.append(len(taken))
-        if len(record) == 1:
-            time.sleep(0.3)
-        return original(self, taken)
-
-    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
-    return record
-
-
-def test_an_undecodable_output_does_not_cost_coalesced_callers_their_answers(redis_url, prefix, workers, sends):
+def test_an_undecodable_output_does_not_cost_coalesced_callers_their_answers(redis_url, prefix, workers,
+                                                                             held_first_send):
     workers.start(prefix, model="support.models:echo_outputs", batch_size=8, max_latency=0.05)
     results: dict[str, object] = {}
     with RedisStreamer(redis_url, prefix, timeout=6) as streamer:
@@ -212,9 +196,9 @@ def test_an_undecodable_output_does_not_cost_coalesced_callers_their_answers(red
         threads = [threading.Thread(target=call, args=(item,)) for item in ("warm-up", "tuple-key", "good", "fine")]
         for thread in threads:
             thread.start()
-            wait_until(lambda: sends, what="the first ENQUEUE")
+            wait_until(lambda: held_first_send, what="the first ENQUEUE")
         for thread in threads:
             thread.join()
-    assert max(sends) > 1, f"the calls were not coalesced: {sends}"
+    assert max(held_first_send) > 1, f"the calls were not coalesced: {held_first_send}"
     assert results["good"] == ["good"] and results["fine"] == ["fine"] and results["warm-up"] == ["warm-up"]
     assert isinstance(results["tuple-key"], RemoteError) and "decode" in str(results["tuple-key"])

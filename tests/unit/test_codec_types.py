@@ -7,7 +7,6 @@ import dataclasses
 import datetime
 import decimal
 import enum
-import math
 import subprocess
 import sys
 import uuid
@@ -36,6 +35,7 @@ from rstreamer.codec import (
     unpackb,
 )
 from rstreamer.errors import ConfigError, DecodeError, EncodeError
+from support.values import assert_same, roundtrip
 
 try:
     from hypothesis import given, settings
@@ -48,35 +48,6 @@ PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 NEW_YORK = zoneinfo.ZoneInfo("America/New_York")
 EST = datetime.timezone(datetime.timedelta(hours=-5), "EST")
 
-
-def roundtrip(value):
-    return unpackb(packb(value))
-
-
-def assert_same(left, right):
-    """Equal values of the same types all the way down, time zones and folds included."""
-    assert type(left) is type(right), (left, right)
-    if isinstance(left, (list, tuple)):
-        assert len(left) == len(right)
-        for a, b in zip(left, right, strict=True):
-            assert_same(a, b)
-    elif isinstance(left, dict):
-        assert list(left) == list(right)
-        for key in left:
-            assert_same(left[key], right[key])
-    elif isinstance(left, decimal.Decimal):
-        assert str(left) == str(right)
-    elif isinstance(left, complex):
-        assert str(left) == str(right)  # nan, inf and the sign of zero
-    elif isinstance(left, float) and math.isnan(left):
-        assert math.isnan(right)
-    elif isinstance(left, (datetime.datetime, datetime.time)):
-        assert (left, left.fold) == (right, right.fold)
-        assert type(left.tzinfo) is type(right.tzinfo) and left.tzinfo == right.tzinfo
-        if isinstance(left.tzinfo, datetime.timezone):
-            assert left.tzinfo.tzname(None) == right.tzinfo.tzname(None)
-    else:
-        assert left == right
 
 
 def ext(code: int, data: bytes) -> bytes:
