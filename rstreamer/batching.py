@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from .costing import CostBudget, CostCap, CostWindow, OomGuard
-from .errors import ConfigError
+from .errors import ConfigError, FailureKind
 
 logger = logging.getLogger(__name__)
 
@@ -248,10 +248,14 @@ class Failure:
 
     type: str
     message: str
-    kind: str = "remote"
+    kind: FailureKind = FailureKind.REMOTE
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not FailureKind:  # a peer's string: an unknown kind reads as REMOTE
+            object.__setattr__(self, "kind", FailureKind.from_wire(self.kind))
 
     @classmethod
-    def from_exception(cls, exc: BaseException, kind: str = "remote") -> Failure:
+    def from_exception(cls, exc: BaseException, kind: FailureKind = FailureKind.REMOTE) -> Failure:
         """The failure an exception describes: its type name and message."""
         return cls(type(exc).__name__, str(exc), kind)
 
@@ -308,7 +312,7 @@ def predict_isolated(
         got = "a non-sequence" if output_list is None else f"{len(output_list)} outputs"
         message = f"model returned {got} for a batch of {len(inputs)} inputs"
         logger.error(message)
-        mismatch = Failure("BatchSizeMismatch", message, "mismatch")
+        mismatch = Failure("BatchSizeMismatch", message, FailureKind.MISMATCH)
         return [Outcome(False, failure=mismatch) for _ in inputs]
     if oom is not None:
         oom.on_success(costs)
@@ -339,7 +343,7 @@ class BatchItem(Protocol):
 ItemT = TypeVar("ItemT", bound=BatchItem)
 
 EXPIRED: Outcome[Any] = Outcome(
-    False, failure=Failure("StreamerTimeout", "the call's deadline passed before the item ran", "timeout"))
+    False, failure=Failure("StreamerTimeout", "the call's deadline passed before the item ran", FailureKind.TIMEOUT))
 
 
 @dataclass

@@ -180,8 +180,9 @@ def main(argv: list[str]) -> None:
     # live meanwhile. This process ends when the worker does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=config.get("log_level", "INFO"),
-                        format="%(asctime)s %(levelname)s [heartbeat pid %(process)d] %(name)s: %(message)s")
+    from .logs import configure_logging
+
+    configure_logging(config.get("log_level", "INFO"), "heartbeat")
     serve(config, sys.stdin.buffer)
 
 

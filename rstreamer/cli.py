@@ -1,7 +1,8 @@
 """Command-line entry points: ``rstreamer`` (demo, status, bench, worker) and ``rstreamer-worker``.
 
 Every ``rstreamer-worker`` option also comes from an ``RSTREAMER_*`` variable; priority is
-command line, then environment, then default. This is the only module that configures logging.
+command line, then environment, then default. Logging is configured here (rstreamer.logs), and in
+the child processes' own entry points; nowhere else.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import BrokerUnavailable, ConfigError
+from .logs import configure_logging
 from .model import import_from_working_directory, split_import_string
 from .settings import DEFAULT_REDIS_URL, WorkerSettings
 
@@ -221,10 +223,7 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     from .keys import Keys
     from .supervisor import WorkerSpec
 
-    try:
-        url = normalize_broker_url(args.redis)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    url = normalize_broker_url(args.redis)
     prefix = Keys(args.prefix).prefix
     _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
@@ -284,11 +283,6 @@ def _scrub(message: str, url: str) -> str:
     return message.replace(password, "***") if password else message
 
 
-def configure_logging(level: str, role: str) -> None:
-    """Log to stderr with the process role and pid on every line."""
-    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s [{role} pid %(process)d] %(name)s: %(message)s")
-
-
 def worker_main(argv: list[str] | None = None) -> int:
     """``rstreamer-worker``: supervise worker processes until SIGTERM; the exit code is the supervisor's."""
     import_from_working_directory()
@@ -341,7 +335,7 @@ def status_main(argv: list[str]) -> int:
     try:
         url = normalize_broker_url(args.redis)
         client = create_redis(url, socket_timeout=5.0, retries=1)
-    except (ValueError, ConfigError) as exc:
+    except ValueError as exc:  # ConfigError, or one of redis-py's own
         print(f"rstreamer status: {exc}", file=sys.stderr)
         return 2
     except BrokerUnavailable as exc:  # a Cluster client reads its slot map at once

@@ -62,7 +62,11 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
 
 
 def normalize_broker_url(redis_broker: str | None) -> str:
-    """Accept the URL schemes above and the old ``host:port`` form."""
+    """Accept the URL schemes above and the old ``host:port`` form.
+
+    Raises:
+        ConfigError: anything else (a ValueError, as it was before ConfigError existed).
+    """
     if not redis_broker:
         return DEFAULT_REDIS_URL
     if redis_broker.startswith(_SCHEMES):
@@ -72,7 +76,7 @@ def normalize_broker_url(redis_broker: str | None) -> str:
     if re.fullmatch(r"[\w.\-]+", redis_broker):
         return f"redis://{redis_broker}:6379/0"
     shown = "(hidden: it holds credentials)" if "@" in redis_broker else repr(redis_broker)
-    raise ValueError(f"not a Redis URL or host:port: {shown}; expected e.g. redis://host:6379/0")
+    raise ConfigError(f"not a Redis URL or host:port: {shown}; expected e.g. redis://host:6379/0")
 
 
 def redacted(url: str) -> str:

@@ -33,7 +33,7 @@ import msgpack
 
 from . import codec
 from .batching import Failure, Outcome
-from .errors import DecodeError, EncodeError, Overloaded
+from .errors import DecodeError, EncodeError, FailureKind, Overloaded
 from .keys import is_reply_token
 
 WIRE_VERSION = 2
@@ -200,7 +200,7 @@ class Admission:
 # replies --------------------------------------------------------------------------------
 
 def _failure_row(index: int, failure: Failure) -> list[Any]:
-    return [index, False, [failure.type, failure.message, failure.kind]]
+    return [index, False, [failure.type, failure.message, failure.kind.value]]
 
 
 def _encoded_output(value: Any, max_bytes: int, version: int = WIRE_VERSION) -> bytes | Failure:
@@ -309,8 +309,8 @@ def _reply_rows(message: Any) -> tuple[int, list[Any]]:
 def _failure_of(value: Any) -> Outcome[Any]:
     if not (isinstance(value, list) and len(value) >= 2):
         raise DecodeError("malformed failure in reply row")
-    kind = value[2] if len(value) > 2 else "remote"
-    return Outcome(False, failure=Failure(str(value[0]), str(value[1]), str(kind)))
+    kind = FailureKind.from_wire(value[2]) if len(value) > 2 else FailureKind.REMOTE
+    return Outcome(False, failure=Failure(str(value[0]), str(value[1]), kind))
 
 
 def unpack_results(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> list[tuple[int, Outcome[Any]]]:

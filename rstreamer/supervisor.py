@@ -20,6 +20,7 @@ from typing import Any, Union
 from .batching import BatchStats
 from .errors import ConfigError
 from .keys import Keys
+from .logs import configure_logging
 from .model import ModelSpec, model_ref
 from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, process_context, round_robin
 from .settings import WorkerSettings
@@ -62,10 +63,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     # run_forever(), so nothing of it is loaded before this line.
     pin_process_to(gpu_id)
     device = "cpu" if gpu_id is None else f"gpu {gpu_id}"
-    logging.basicConfig(
-        level=spec.log_level,
-        format=f"%(asctime)s %(levelname)s [worker {slot} {device} pid %(process)d] %(name)s: %(message)s",
-    )
+    configure_logging(spec.log_level, f"worker {slot} {device}")
     from .hooks import ChainedHooks
     from .tracing import worker_tracer
     from .worker import RedisWorker

@@ -22,6 +22,7 @@ from .beater import Beater
 from .clock import ServerClock
 from .connection import RedisClient, create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .costing import OomGuard, oom_error_types, safe_cost
+from .errors import FailureKind
 from .hooks import WorkerHooks
 from .keys import Keys
 from .liveness import Heartbeat, live_workers, read_workers
@@ -397,7 +398,7 @@ class RedisWorker:
         dead.append(DeadLetter(parsed.entry_id, parsed.fields, f"malformed: {exc}"))
         if not exc.token:
             return []
-        return [Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead"), exc.version)]
+        return [Answer(exc.token, exc.index, _dead("DecodeError", str(exc)), exc.version)]
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
@@ -477,7 +478,7 @@ class RedisWorker:
             dead.append(DeadLetter(entry_id, fields, reason))
             address = reply_address(fields)
             if address:
-                answers.append(Answer(*address, _failed("DeadLettered", reason, "dead"), reply_version(fields)))
+                answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
         self._finish(answers, dead, [entry_id for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
 
@@ -496,8 +497,9 @@ def warn_if_gpu_invisible(gpu_id: int | None) -> None:
                      "the model runs on the CPU", gpu_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def _failed(error_type: str, message: str, kind: str) -> Outcome[Any]:
-    return Outcome(False, failure=Failure(error_type, message, kind))
+def _dead(error_type: str, message: str) -> Outcome[Any]:
+    """The answer of an item that is dead-lettered: the caller gets DeadLettered."""
+    return Outcome(False, failure=Failure(error_type, message, FailureKind.DEAD))
 
 
 def _not_loaded(batch: list[Any]) -> list[Any]:

@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     import uvicorn
 
     from ...connection import create_redis, normalize_broker_url, redacted
-    from ...errors import BrokerUnavailable, ConfigError
+    from ...errors import BrokerUnavailable
     from ...settings import WorkerSettings
     from .app import Options, create_app
     from .sampler import Sampler
@@ -69,7 +69,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         url = normalize_broker_url(args.redis)
         client = create_redis(url, socket_timeout=5.0, retries=1)
         sampler = Sampler(client, WorkerSettings.from_env().dead_after, args.interval, args.window, args.prefix)
-    except (ValueError, ConfigError, BrokerUnavailable) as exc:
+    except (ValueError, BrokerUnavailable) as exc:  # ValueError: ConfigError, or one of redis-py's own
         print(f"rstreamer dashboard: {exc}", file=sys.stderr)
         return 2
     hosts = ("*",) if args.host in ("0.0.0.0", "::") else Options.allowed_hosts + (args.host,)
