@@ -19,7 +19,7 @@ from .connection import broker_errors, normalize_broker_url
 from .errors import EncodeError, Overloaded
 from .keys import Keys
 from .messages import Admission, QueueLimits, enqueue_args
-from .settings import ClientSettings, redis_url_from_env
+from .settings import ClientSettings, prefix_from_env, redis_url_from_env
 from .tracing import current_traceparent
 
 # A blocked BLPOP returns at least this often so that a vanished server is noticed within
@@ -93,7 +93,7 @@ class CallFactory:
     ) -> None:
         self.settings = settings or ClientSettings.from_env(timeout=timeout, max_queue=max_queue)
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
-        self.keys = Keys(prefix if prefix is not None else os.environ.get("RSTREAMER_PREFIX", ""))
+        self.keys = Keys(prefix if prefix is not None else prefix_from_env())
         self._identity_lock = threading.Lock()
         self._pid = -1
         self._client_id = ""

@@ -20,7 +20,15 @@ from typing import Any
 from .errors import BrokerUnavailable, ConfigError
 from .logs import configure_logging
 from .model import import_from_working_directory, split_import_string
-from .settings import DEFAULT_REDIS_URL, WorkerSettings
+from .settings import (
+    DEFAULT_REDIS_URL,
+    REDIS_URL_ENV,
+    WorkerSettings,
+    env_name,
+    parse_integer,
+    parse_seconds,
+    setting_parser,
+)
 
 USAGE = """usage: rstreamer COMMAND [options]
 
@@ -32,25 +40,6 @@ commands:
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   worker   the same as rstreamer-worker
 """
-
-# option dest -> environment variable
-WORKER_ENV = {
-    "redis": "RSTREAMER_REDIS_URL",
-    "prefix": "RSTREAMER_PREFIX",
-    "gpus": "RSTREAMER_GPUS",
-    "workers_per_gpu": "RSTREAMER_WORKERS_PER_GPU",
-    "batch_size": "RSTREAMER_BATCH_SIZE",
-    "max_latency": "RSTREAMER_MAX_LATENCY",
-    "init_args": "RSTREAMER_INIT_ARGS",
-    "init_kwargs": "RSTREAMER_INIT_KWARGS",
-    "metrics_port": "RSTREAMER_METRICS_PORT",
-    "log_level": "RSTREAMER_LOG_LEVEL",
-    "log_interval": "RSTREAMER_LOG_INTERVAL",
-    "max_restarts": "RSTREAMER_MAX_RESTARTS",
-    "max_batch_cost": "RSTREAMER_MAX_BATCH_COST",
-    "cost_model": "RSTREAMER_COST_MODEL",
-    "model": "RSTREAMER_MODEL",
-}
 
 WORKER_DEFAULTS: dict[str, Any] = {
     "redis": DEFAULT_REDIS_URL,
@@ -70,29 +59,31 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "model": None,
 }
 
+# option dest -> environment variable: RSTREAMER_<DEST>, but --redis reads RSTREAMER_REDIS_URL
+WORKER_ENV = {dest: REDIS_URL_ENV if dest == "redis" else env_name(dest) for dest in WORKER_DEFAULTS}
+
+# Options that are WorkerSettings fields: their text has the settings' own parser.
+SETTINGS_OPTIONS = ("batch_size", "max_latency", "max_batch_cost", "cost_model")
+
 
 # value parsers: shared by the command line and the environment -------------------------
 
-def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _option(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` for argparse, which shows the message of an ArgumentTypeError only."""
+    def option(text: str) -> Any:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum or 'infinity'}, got {value}")
-        return value
-    return parse
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    option.__name__ = getattr(parse, "__name__", "value")
+    return option
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    return _option(parse_integer(minimum, maximum))
+
+
+_seconds = _option(parse_seconds)
 
 
 def _json_of(kind: type) -> Callable[[str], Any]:
@@ -126,21 +117,12 @@ def _log_level(text: str) -> str:
     return level
 
 
-def _cost_model(text: str) -> str:
-    from .costing import parse_cost_model
-
-    try:
-        return parse_cost_model(text.strip().lower()).value
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
-    "workers_per_gpu": _integer(1), "batch_size": _integer(1), "max_latency": _seconds,
-    "init_args": _json_of(list), "init_kwargs": _json_of(dict), "metrics_port": _integer(1, 65535),
-    "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0),
-    "max_batch_cost": _integer(0), "cost_model": _cost_model,
+    "workers_per_gpu": _integer(1), "init_args": _json_of(list), "init_kwargs": _json_of(dict),
+    "metrics_port": _integer(1, 65535), "log_level": _log_level, "log_interval": _seconds,
+    "max_restarts": _integer(0),
+    **{dest: _option(setting_parser(WorkerSettings, dest)) for dest in SETTINGS_OPTIONS},
 }
 
 
@@ -228,10 +210,10 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise ConfigError("--metrics-port needs prometheus-client: pip install 'rstreamer[webapp]'")
-    settings = (settings or WorkerSettings.from_env()).replace(max_batch_cost=args.max_batch_cost,
-                                                                 cost_model=args.cost_model)
-    return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,
-                      args.init_kwargs or None, settings, log_level=args.log_level,
+    options = {dest: getattr(args, dest) for dest in SETTINGS_OPTIONS}
+    settings = (settings or WorkerSettings.from_env()).replace(**options)
+    return WorkerSpec(args.model, url, prefix, args.init_args or None, args.init_kwargs or None, settings,
+                      log_level=args.log_level,
                       metrics_port=args.metrics_port, log_interval=args.log_interval)
 
 

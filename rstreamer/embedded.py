@@ -14,6 +14,7 @@ from pathlib import Path
 import redis
 
 from .errors import ConfigError
+from .settings import REDIS_URL_ENV
 
 
 def find_server_binary() -> str:
@@ -100,7 +101,7 @@ class EmbeddedRedis:
 
 @contextlib.contextmanager
 def redis_url_or_embedded(
-    announce: Callable[[str], None] | None = None, env_var: str = "RSTREAMER_REDIS_URL"
+    announce: Callable[[str], None] | None = None, env_var: str = REDIS_URL_ENV
 ) -> Iterator[str]:
     """The URL in ``env_var`` if set, else that of an embedded Redis stopped on exit
     (``announce`` is told its URL)."""

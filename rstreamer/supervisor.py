@@ -38,13 +38,13 @@ _DRAINED = (0, -signal.SIGTERM, -signal.SIGINT)
 class WorkerSpec:
     """Everything a worker process needs; picklable, so it crosses ``spawn``.
 
-    ``metrics_port``: the worker of slot ``i`` serves Prometheus metrics on ``metrics_port + i``
-    (None: no metrics). ``log_interval``: seconds between two info summary lines (0: none).
+    The batch size and latency are ``settings.batch_size`` and ``settings.max_latency`` (one
+    source for them, as for every worker setting). ``metrics_port``: the worker of slot ``i``
+    serves Prometheus metrics on ``metrics_port + i`` (None: no metrics). ``log_interval``:
+    seconds between two info summary lines (0: none).
     """
 
     model: ModelSpec
-    batch_size: int
-    max_latency: float
     redis_url: str
     prefix: str = ""
     init_args: Sequence[Any] | None = None
@@ -70,7 +70,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
 
     metrics = _worker_metrics(spec, slot)
     worker = RedisWorker(
-        spec.model, spec.batch_size, spec.max_latency, spec.redis_url, spec.prefix,
+        spec.model, spec.settings.batch_size, spec.settings.max_latency, spec.redis_url, spec.prefix,
         spec.init_args, spec.init_kwargs, gpu_id=gpu_id, settings=spec.settings, adaptive=spec.adaptive,
         observe=metrics.observe if metrics is not None else None,
     )
@@ -374,10 +374,9 @@ def run_redis_workers_forever(
     from .connection import normalize_broker_url
     from .settings import redis_url_from_env
 
-    spec = WorkerSpec(
-        model_class, batch_size, max_latency, normalize_broker_url(redis_broker or redis_url_from_env()),
-        prefix, model_init_args, model_init_kwargs, settings or WorkerSettings.from_env(),
-    )
+    settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
+    spec = WorkerSpec(model_class, normalize_broker_url(redis_broker or redis_url_from_env()), prefix,
+                      model_init_args, model_init_kwargs, settings)
     supervisor = Supervisor(spec, round_robin(worker_num, cuda_devices), mp_start_method=mp_start_method)
     if threading.current_thread() is threading.main_thread():
         return supervisor.run()

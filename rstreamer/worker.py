@@ -17,7 +17,7 @@ from typing import Any, cast
 import redis
 
 from . import lua
-from .batching import Batcher, BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch
+from .batching import Batcher, BatchObserver, BatchStats, Failure, Outcome, answer_batch
 from .beater import Beater
 from .clock import ServerClock
 from .connection import RedisClient, create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
@@ -184,7 +184,7 @@ class RedisWorker:
     ) -> None:
         self.observe = observe
         self.settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
-        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=self.settings.cost_budget())
+        self.policy = self.settings.batch_policy(adaptive)
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix)
         self.gpu_id = gpu_id
@@ -199,7 +199,8 @@ class RedisWorker:
         self._started = time.time()
         # The longest read blocks for idle_block (waiting for a first item) or max_latency
         # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
-        self._redis = create_redis(self.url, socket_timeout=max(self.settings.idle_block, max_latency) + 5.0)
+        longest_block = max(self.settings.idle_block, self.settings.max_latency)
+        self._redis = create_redis(self.url, socket_timeout=longest_block + 5.0)
         self._source = StreamSource(self._redis, self.keys, self.name)
         self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimer = Reclaimer(

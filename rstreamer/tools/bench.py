@@ -215,9 +215,11 @@ def _heartbeat_totals(streamer: Any, sent: int, timeout: float = 5.0) -> tuple[i
 @contextlib.contextmanager
 def _supervised(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> Iterator[None]:
     """One supervised worker process in a thread of this process (as `rstreamer demo` runs them)."""
+    from ..settings import WorkerSettings
     from ..supervisor import Supervisor, WorkerSpec
 
-    spec = WorkerSpec(model.ref, args.batch_size, args.max_latency, url, prefix,
+    settings = WorkerSettings(batch_size=args.batch_size, max_latency=args.max_latency)
+    spec = WorkerSpec(model.ref, url, prefix, settings=settings,
                       init_kwargs=model.init_kwargs, log_level="WARNING")
     supervisor = Supervisor(spec, [None])
     thread = threading.Thread(target=supervisor.run, name="bench-supervisor", daemon=True)

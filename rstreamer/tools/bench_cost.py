@@ -131,9 +131,9 @@ def redis_workers(count: int) -> Transport:
 
         prefix = f"bench-cost-{uuid.uuid4().hex[:8]}"
         budget = args.max_batch_cost if model == COST_MODEL else 0
-        settings = WorkerSettings.from_env(max_batch_cost=budget)
-        spec = WorkerSpec(model, args.batch_size, args.max_latency, args.url, prefix, init_kwargs=kwargs,
-                          settings=settings, log_level="WARNING")
+        settings = WorkerSettings.from_env(max_batch_cost=budget, batch_size=args.batch_size,
+                                           max_latency=args.max_latency)
+        spec = WorkerSpec(model, args.url, prefix, init_kwargs=kwargs, settings=settings, log_level="WARNING")
         supervisor = Supervisor(spec, [None] * count)
         thread = threading.Thread(target=supervisor.run, name="bench-cost-supervisor", daemon=True)
         thread.start()

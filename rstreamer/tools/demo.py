@@ -34,6 +34,7 @@ from .. import metrics
 from ..embedded import free_port, redis_url_or_embedded
 from ..keys import Keys
 from ..liveness import fleet_totals, wait_for_live_workers
+from ..settings import PREFIX_ENV, REDIS_URL_ENV
 from .processes import stop_group
 from .sentences import SENTENCES, TRIPLES, cosine
 
@@ -65,7 +66,7 @@ def _script(name: str, module: str, function: str) -> list[str]:
 
 
 def _child_env(url: str, prefix: str) -> dict[str, str]:
-    env = dict(os.environ, RSTREAMER_REDIS_URL=url, RSTREAMER_PREFIX=prefix)
+    env = {**os.environ, REDIS_URL_ENV: url, PREFIX_ENV: prefix}
     # Two workers, gunicorn and the clients share the cores: one thread per model is faster.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

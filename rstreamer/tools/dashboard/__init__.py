@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import socket
 import sys
 
@@ -18,12 +17,12 @@ DEFAULT_PORT = 8700
 
 def parser() -> argparse.ArgumentParser:
     """The ``rstreamer dashboard`` argument parser."""
-    from ...settings import DEFAULT_REDIS_URL
+    from ...settings import DEFAULT_REDIS_URL, REDIS_URL_ENV, redis_url_from_env
 
     p = argparse.ArgumentParser(prog="rstreamer dashboard", description="Serve a live dashboard of the prefixes "
                                 "on one Redis: queues, workers, dead letters.")
-    p.add_argument("--redis", metavar="URL", default=os.environ.get("RSTREAMER_REDIS_URL") or DEFAULT_REDIS_URL,
-                   help=f"Redis URL or host:port (env RSTREAMER_REDIS_URL, default {DEFAULT_REDIS_URL})")
+    p.add_argument("--redis", metavar="URL", default=redis_url_from_env(),
+                   help=f"Redis URL or host:port (env {REDIS_URL_ENV}, default {DEFAULT_REDIS_URL})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
     p.add_argument("--prefix", action="append", help="show only this prefix (repeatable; default: every prefix)")
