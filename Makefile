@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` and `make test`. Each sets up what it needs, once:
+# The two commands of the README: `make demo` and `make test` (and `make lint`, which CI runs first).
+# Each sets up what it needs, once:
 #   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[all]  (no compiler needed)
 #   make test: the same, plus uwsgi, which builds from source (needs a C compiler)
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
@@ -16,7 +17,8 @@ export PIP_FIND_LINKS ?= /opt/wheels
 endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
+LINT_PATHS := rstreamer webapp workers tests
 
 $(DEMO_STAMP): setup.cfg pyproject.toml
 	@echo "==> [1/4] virtual environment $(VENV)"
@@ -42,6 +44,11 @@ demo: $(DEMO_STAMP)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff and mypy read their settings from pyproject.toml; both come with the [lint] extra that [all] pulls.
+lint: $(DEMO_STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 bench: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer bench $(BENCH_ARGS)

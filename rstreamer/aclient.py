@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Generator
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -109,7 +109,7 @@ class AsyncRedisStreamer:
                 break
             failures = 0
             if popped:
-                future.deliver_reply(popped[1])
+                future.deliver_reply(cast(bytes, popped[1]))  # our client does not decode replies
         if not future.done():
             await self._delete(call.reply_key)
 

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, TypeVar
 
 from .future import Future
+
+_Streamer = TypeVar("_Streamer", bound="BaseStreamer")
 
 
 class BaseStreamer(abc.ABC):
@@ -18,7 +20,7 @@ class BaseStreamer(abc.ABC):
         """Return one output per item of ``batch``, in order (blocks until answered)."""
         return self.submit(batch, timeout).result()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (a no-op unless the transport holds resources)
         """Release the streamer's resources; calls made after it fail."""
 
     def destroy_workers(self) -> None:
@@ -30,7 +32,7 @@ class BaseStreamer(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} starts no workers; call close() to release it")
 
-    def __enter__(self) -> BaseStreamer:
+    def __enter__(self: _Streamer) -> _Streamer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

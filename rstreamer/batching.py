@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from .costing import CostBudget, CostCap, CostWindow, OomGuard
-from .errors import ConfigError
+from .errors import ConfigError, FailureKind
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class BatchHint:
         return -(-policy.batch_size // max(1, self.peers))
 
     def update(self, size: int, seconds: float) -> None:
+        """Record a batch of ``size`` items that took ``seconds``; old highs decay by half."""
         self.size = max(size, self.size // 2)
         self.seconds = max(seconds, self.seconds / 2)
 
@@ -247,10 +248,15 @@ class Failure:
 
     type: str
     message: str
-    kind: str = "remote"
+    kind: FailureKind = FailureKind.REMOTE
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not FailureKind:  # a peer's string: an unknown kind reads as REMOTE
+            object.__setattr__(self, "kind", FailureKind.from_wire(self.kind))
 
     @classmethod
-    def from_exception(cls, exc: BaseException, kind: str = "remote") -> Failure:
+    def from_exception(cls, exc: BaseException, kind: FailureKind = FailureKind.REMOTE) -> Failure:
+        """The failure an exception describes: its type name and message."""
         return cls(type(exc).__name__, str(exc), kind)
 
 
@@ -306,7 +312,7 @@ def predict_isolated(
         got = "a non-sequence" if output_list is None else f"{len(output_list)} outputs"
         message = f"model returned {got} for a batch of {len(inputs)} inputs"
         logger.error(message)
-        mismatch = Failure("BatchSizeMismatch", message, "mismatch")
+        mismatch = Failure("BatchSizeMismatch", message, FailureKind.MISMATCH)
         return [Outcome(False, failure=mismatch) for _ in inputs]
     if oom is not None:
         oom.on_success(costs)
@@ -326,15 +332,18 @@ class BatchItem(Protocol):
     """What answer_batch needs of an item: its input and its absolute deadline (epoch s)."""
 
     @property
-    def payload(self) -> Any: ...
+    def payload(self) -> Any:
+        """The model's input for this item."""
 
     @property
-    def deadline(self) -> float: ...
+    def deadline(self) -> float:
+        """The absolute deadline (epoch seconds) after which the item is not run."""
 
 
-I = TypeVar("I", bound=BatchItem)
+ItemT = TypeVar("ItemT", bound=BatchItem)
 
-EXPIRED = Outcome(False, failure=Failure("StreamerTimeout", "the call's deadline passed before the item ran", "timeout"))
+EXPIRED: Outcome[Any] = Outcome(
+    False, failure=Failure("StreamerTimeout", "the call's deadline passed before the item ran", FailureKind.TIMEOUT))
 
 
 @dataclass
@@ -355,14 +364,14 @@ BatchObserver = Callable[[int, float, int], None]
 
 def answer_batch(
     predict: Callable[[list[Any]], Sequence[Any]],
-    items: Sequence[I],
+    items: Sequence[ItemT],
     stats: BatchStats,
     now: float | None = None,
     observe: BatchObserver | None = None,
     hint: BatchHint | None = None,
     oom: OomGuard | None = None,
     costs: Sequence[int] | None = None,
-) -> list[tuple[I, Outcome[Any]]]:
+) -> list[tuple[ItemT, Outcome[Any]]]:
     """Run the items whose deadline is still ahead; the others are answered as expired.
 
     ``hint``, when given, learns the batch's size and predict time (see collect_batch);
@@ -371,7 +380,7 @@ def answer_batch(
     now = time.time() if now is None else now
     costs = list(costs) if costs is not None else [1] * len(items)
     live = [item for item in items if item.deadline > now]
-    live_costs = [cost for item, cost in zip(items, costs) if item.deadline > now]
+    live_costs = [cost for item, cost in zip(items, costs, strict=True) if item.deadline > now]
     expired = [item for item in items if item.deadline <= now]
     started = time.perf_counter()
     outcomes = predict_isolated(predict, [item.payload for item in live], live_costs, oom)
@@ -389,4 +398,4 @@ def answer_batch(
         if oom is not None:
             stats.cost_cap = oom.cap.value
     stats.expired += len(expired)
-    return list(zip(live, outcomes)) + [(item, EXPIRED) for item in expired]
+    return list(zip(live, outcomes, strict=True)) + [(item, EXPIRED) for item in expired]

@@ -174,13 +174,15 @@ def serve(config: dict[str, Any], stdin: IO[bytes]) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """The heartbeat process: ``argv[1]`` is its JSON config; it beats until the worker ends."""
     config = json.loads(argv[1])
     # A Ctrl-C reaches the whole process group: the worker drains its batch, and must stay
     # live meanwhile. This process ends when the worker does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=config.get("log_level", "INFO"),
-                        format="%(asctime)s %(levelname)s [heartbeat pid %(process)d] %(name)s: %(message)s")
+    from .logs import configure_logging
+
+    configure_logging(config.get("log_level", "INFO"), "heartbeat")
     serve(config, sys.stdin.buffer)
 
 

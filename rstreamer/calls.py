@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import redis
 
@@ -19,7 +19,7 @@ from .connection import broker_errors, normalize_broker_url
 from .errors import CallTooLarge, EncodeError, Overloaded
 from .keys import Keys
 from .messages import Admission, QueueLimits, enqueue_args
-from .settings import ClientSettings, redis_url_from_env
+from .settings import ClientSettings, prefix_from_env, redis_url_from_env
 from .tracing import current_traceparent
 
 # A blocked BLPOP returns at least this often so that a vanished server is noticed within
@@ -28,6 +28,13 @@ BLPOP_SLICE = 2.0
 # Connections per streamer: each waiting group of calls holds one for its BLPOP, so redis-py's
 # default of 100 would fail the 101st concurrent caller with "Too many connections".
 MAX_CONNECTIONS = 1000
+
+
+class ScriptArgs(TypedDict):
+    """The keyword arguments of a redis-py Script call."""
+
+    keys: list[str]
+    args: list[Any]
 # The socket timeout of a streamer's connections: longer than the longest BLPOP slice. It bounds
 # a stalled socket call, not a call: callers stop waiting at their own deadline (issue 10 #4).
 SOCKET_TIMEOUT = BLPOP_SLICE + 3.0
@@ -53,7 +60,7 @@ def retry_pause(failures: int, until: float) -> float | None:
     remaining = until - time.monotonic()
     if failures >= RETRY_ATTEMPTS or remaining <= 0:
         return None
-    return min(remaining, RETRY_BACKOFF_CAP, 0.05 * 2 ** failures)
+    return min(remaining, RETRY_BACKOFF_CAP, 0.05 * 2.0 ** failures)
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ class CallFactory:
     ) -> None:
         self.settings = settings or ClientSettings.from_env(timeout=timeout, max_queue=max_queue)
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
-        self.keys = Keys(prefix if prefix is not None else os.environ.get("RSTREAMER_PREFIX", ""))
+        self.keys = Keys(prefix if prefix is not None else prefix_from_env())
         self._identity_lock = threading.Lock()
         self._pid = -1
         self._client_id = ""
@@ -126,13 +133,14 @@ class CallFactory:
 
     @property
     def limits(self) -> QueueLimits:
+        """The queue bounds the ENQUEUE script enforces."""
         return QueueLimits(self.settings.max_queue, self.settings.max_queue_bytes, self.keys.group)
 
-    def enqueue_args(self, call: Call) -> dict[str, list[Any]]:
+    def enqueue_args(self, call: Call) -> ScriptArgs:
         """Arguments of the ENQUEUE_CALLS script for ``call`` alone."""
         return self.enqueue_calls_args([call])
 
-    def enqueue_calls_args(self, calls: Sequence[Call]) -> dict[str, list[Any]]:
+    def enqueue_calls_args(self, calls: Sequence[Call]) -> ScriptArgs:
         """Arguments of the ENQUEUE_CALLS script for ``calls``, sent under the first one's token."""
         # Each call keeps its own deadline, so an item never runs after its caller gave up.
         shapes = [(call.payloads, call.deadline) for call in calls]

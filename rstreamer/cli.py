@@ -1,7 +1,8 @@
 """Command-line entry points: ``rstreamer`` (demo, status, bench, worker) and ``rstreamer-worker``.
 
 Every ``rstreamer-worker`` option also comes from an ``RSTREAMER_*`` variable; priority is
-command line, then environment, then default. This is the only module that configures logging.
+command line, then environment, then default. Logging is configured here (rstreamer.logs), and in
+the child processes' own entry points; nowhere else.
 """
 from __future__ import annotations
 
@@ -17,8 +18,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from .errors import BrokerUnavailable, ConfigError
+from .logs import configure_logging
 from .model import import_from_working_directory
-from .settings import DEFAULT_REDIS_URL, WorkerSettings
+from .settings import (
+    DEFAULT_REDIS_URL,
+    REDIS_URL_ENV,
+    WorkerSettings,
+    env_name,
+    parse_integer,
+    parse_seconds,
+    setting_parser,
+)
 from .version import VERSION
 
 USAGE = """usage: rstreamer COMMAND [options]    (rstreamer --version: the installed version)
@@ -31,26 +41,6 @@ commands:
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   worker   the same as rstreamer-worker
 """
-
-# option dest -> environment variable
-WORKER_ENV = {
-    "redis": "RSTREAMER_REDIS_URL",
-    "prefix": "RSTREAMER_PREFIX",
-    "gpus": "RSTREAMER_GPUS",
-    "workers_per_gpu": "RSTREAMER_WORKERS_PER_GPU",
-    "batch_size": "RSTREAMER_BATCH_SIZE",
-    "max_latency": "RSTREAMER_MAX_LATENCY",
-    "init_args": "RSTREAMER_INIT_ARGS",
-    "init_kwargs": "RSTREAMER_INIT_KWARGS",
-    "metrics_port": "RSTREAMER_METRICS_PORT",
-    "log_level": "RSTREAMER_LOG_LEVEL",
-    "log_interval": "RSTREAMER_LOG_INTERVAL",
-    "max_restarts": "RSTREAMER_MAX_RESTARTS",
-    "wait_for_redis": "RSTREAMER_WAIT_FOR_REDIS",
-    "max_batch_cost": "RSTREAMER_MAX_BATCH_COST",
-    "cost_model": "RSTREAMER_COST_MODEL",
-    "model": "RSTREAMER_MODEL",
-}
 
 WORKER_DEFAULTS: dict[str, Any] = {
     "redis": DEFAULT_REDIS_URL,
@@ -71,29 +61,31 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "model": None,
 }
 
+# option dest -> environment variable: RSTREAMER_<DEST>, but --redis reads RSTREAMER_REDIS_URL
+WORKER_ENV = {dest: REDIS_URL_ENV if dest == "redis" else env_name(dest) for dest in WORKER_DEFAULTS}
+
+# Options that are WorkerSettings fields: their text has the settings' own parser.
+SETTINGS_OPTIONS = ("batch_size", "max_latency", "max_batch_cost", "cost_model")
+
 
 # value parsers: shared by the command line and the environment -------------------------
 
-def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _option(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` for argparse, which shows the message of an ArgumentTypeError only."""
+    def option(text: str) -> Any:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum or 'infinity'}, got {value}")
-        return value
-    return parse
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    option.__name__ = getattr(parse, "__name__", "value")
+    return option
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    return _option(parse_integer(minimum, maximum))
+
+
+_seconds = _option(parse_seconds)
 
 
 def _json_of(kind: type) -> Callable[[str], Any]:
@@ -127,21 +119,12 @@ def _log_level(text: str) -> str:
     return level
 
 
-def _cost_model(text: str) -> str:
-    from .costing import parse_cost_model
-
-    try:
-        return parse_cost_model(text.strip().lower()).value
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
-    "workers_per_gpu": _integer(1), "batch_size": _integer(1), "max_latency": _seconds,
-    "init_args": _json_of(list), "init_kwargs": _json_of(dict), "metrics_port": _integer(1, 65535),
-    "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0), "wait_for_redis": _seconds,
-    "max_batch_cost": _integer(0), "cost_model": _cost_model,
+    "workers_per_gpu": _integer(1), "init_args": _json_of(list), "init_kwargs": _json_of(dict),
+    "metrics_port": _integer(1, 65535), "log_level": _log_level, "log_interval": _seconds,
+    "max_restarts": _integer(0), "wait_for_redis": _seconds,
+    **{dest: _option(setting_parser(WorkerSettings, dest)) for dest in SETTINGS_OPTIONS},
 }
 
 
@@ -151,6 +134,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (the usage is one ``--help`` away)."""
 
     def error(self, message: str) -> NoReturn:
+        """Exit 2 with ``message`` on one line."""
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -235,18 +219,15 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     from .keys import Keys
     from .supervisor import WorkerSpec
 
-    try:
-        url = normalize_broker_url(args.redis)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    url = normalize_broker_url(args.redis)
     prefix = Keys(args.prefix).prefix
     _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise ConfigError("--metrics-port needs prometheus-client: pip install prometheus-client")
-    settings = (settings or WorkerSettings.from_env()).replace(max_batch_cost=args.max_batch_cost,
-                                                                 cost_model=args.cost_model)
-    return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,
-                      args.init_kwargs or None, settings, log_level=args.log_level,
+    options = {dest: getattr(args, dest) for dest in SETTINGS_OPTIONS}
+    settings = (settings or WorkerSettings.from_env()).replace(**options)
+    return WorkerSpec(args.model, url, prefix, args.init_args or None, args.init_kwargs or None, settings,
+                      log_level=args.log_level,
                       metrics_port=args.metrics_port, log_interval=args.log_interval)
 
 
@@ -285,11 +266,6 @@ def _scrub(message: str, url: str) -> str:
     except ValueError:
         password = None
     return message.replace(password, "***") if password else message
-
-
-def configure_logging(level: str, role: str) -> None:
-    """Log to stderr with the process role and pid on every line."""
-    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s [{role} pid %(process)d] %(name)s: %(message)s")
 
 
 def worker_main(argv: list[str] | None = None) -> int:
@@ -339,15 +315,15 @@ def status_parser() -> argparse.ArgumentParser:
 
 def status_main(argv: list[str]) -> int:
     """``rstreamer status``."""
-    from .connection import create_redis, normalize_broker_url, redacted
     from . import status
+    from .connection import create_redis, normalize_broker_url, redacted
 
     args = status_parser().parse_args(argv)
     dead_after = WorkerSettings.from_env().dead_after
     try:
         url = normalize_broker_url(args.redis)
         client = create_redis(url, socket_timeout=5.0, retries=1)
-    except (ValueError, ConfigError) as exc:
+    except ValueError as exc:  # ConfigError, or one of redis-py's own
         print(f"rstreamer status: {exc}", file=sys.stderr)
         return 2
     except BrokerUnavailable as exc:  # a Cluster client reads its slot map at once
@@ -394,7 +370,8 @@ def bench_main(argv: list[str]) -> int:
     try:
         module = importlib.import_module("rstreamer.tools.bench")
     except ImportError as exc:
-        missing = "this installation has no rstreamer.tools.bench module" if exc.name == "rstreamer.tools.bench" else str(exc)
+        bench = "rstreamer.tools.bench"
+        missing = f"this installation has no {bench} module" if exc.name == bench else str(exc)
         print(f"rstreamer bench: not available: {missing}", file=sys.stderr)
         return 2
     return int(module.main(argv) or 0)

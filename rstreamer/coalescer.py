@@ -20,13 +20,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
 from . import lua
 from .batching import Outcome
 from .calls import MAX_CONNECTIONS, CallFactory, blpop_block, call_errors, retry_pause
+from .connection import RedisClient
 from .errors import BrokerUnavailable, DecodeError
 from .messages import Admission
 from .replies import decode_reply, undecodable
@@ -63,21 +64,26 @@ class Ticket:
 
     @property
     def expires_at(self) -> float:
+        """The call's deadline on the monotonic clock."""
         return self.future.call.expires_at
 
     def start_sending(self, offset: int) -> None:
+        """PENDING -> SENDING: the call joins an ENQUEUE, its first item at ``offset`` of the reply."""
         self.state, self.offset = CallState.SENDING, offset
 
     def sent(self) -> None:
+        """SENDING -> SENT: Redis accepted the call; its answers come on the group's reply key."""
         self.state = CallState.SENT
         self._settled.release()
 
     def failed(self, error: BaseException) -> None:
+        """-> FAILED: the ENQUEUE was refused or failed; the caller gets ``error``."""
         self.state, self.error = CallState.FAILED, error
         self.future.fail(error)
         self._settled.release()
 
     def drop(self) -> None:
+        """-> DROPPED: the call's deadline passed (or it was settled) before it was sent."""
         self.state = CallState.DROPPED
         self._settled.release()
 
@@ -120,17 +126,19 @@ class ReplyGroup:
             ticket.future.deliver(index - ticket.offset, outcome)
 
     def fail_waiting(self, error: BaseException) -> None:
+        """Fail every call of the group that has no answer yet (each gets its own copy of ``error``)."""
         for ticket in self.tickets:
             ticket.future.fail(_copy_error(error))
 
     def answered(self) -> bool:
+        """Whether every call of the group has all its answers."""
         return all(ticket.future.done() for ticket in self.tickets)
 
 
 class Coalescer:
     """Enqueues the calls of a RedisStreamer, coalescing concurrent ones, and pops their answers."""
 
-    def __init__(self, client: redis.Redis, url: str, calls: CallFactory) -> None:
+    def __init__(self, client: RedisClient, url: str, calls: CallFactory) -> None:
         self._redis = client
         self._url = url
         self._calls = calls
@@ -224,7 +232,8 @@ class Coalescer:
             if not self._pending:
                 self._flushing = False
                 return []
-            taken, items = [], 0
+            taken: list[Ticket] = []
+            items = 0
             for ticket in self._pending:
                 size = len(ticket.future.call.payloads)
                 if taken and items + size > MAX_GROUP_ITEMS:
@@ -240,7 +249,8 @@ class Coalescer:
         try:
             # Not retried: a retry after a read timeout would enqueue the items twice.
             with call_errors(self._url):
-                admission = Admission.parse(self._script(**self._calls.enqueue_calls_args([t.future.call for t in taken])))
+                args = self._calls.enqueue_calls_args([t.future.call for t in taken])
+                admission = Admission.parse(self._script(**args))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
             self._settle(taken, 0, exc)
             if not isinstance(exc, Exception):
@@ -282,7 +292,7 @@ class Coalescer:
                 break
             failures = 0
             if popped:
-                group.deliver(popped[1])
+                group.deliver(cast(bytes, popped[1]))  # our client does not decode replies
         if not group.answered():
             self._delete(group.reply_key)
 

@@ -83,7 +83,7 @@ _POOLED_MAX = 64 * 1024  # a Packer keeps its grown buffer; one that packed more
 def _pack(value: Any, depth: int) -> bytes:
     idle = _POOL.idle[depth]
     packer = idle.pop() if idle else msgpack.Packer(default=_DEFAULTS[depth], buf_size=_PACKER_BUFFER, **_PACK_OPTIONS)
-    data = packer.pack(value)  # on an error the packer is dropped, whatever state it is in
+    data: bytes = packer.pack(value)  # on an error the packer is dropped, whatever state it is in
     if len(data) <= _POOLED_MAX:
         idle.append(packer)
     return data
@@ -162,7 +162,7 @@ def _unsupported(obj: Any) -> EncodeError:
 
 
 def _default(obj: Any, depth: int = 0) -> Any:
-    """msgpack's hook for every value that is not exactly one of its own types."""
+    """The hook msgpack calls for every value that is not exactly one of its own types."""
     entry = _ENCODERS.get(type(obj))
     if entry is not None:
         code, encode = entry
@@ -203,7 +203,8 @@ def packb_legacy(value: Any) -> bytes:
         EncodeError: the value holds a type that version 1 could not send.
     """
     try:
-        return msgpack.packb(value, use_bin_type=True, datetime=False, default=_legacy_default)
+        packed: bytes = msgpack.packb(value, use_bin_type=True, datetime=False, default=_legacy_default)
+        return packed
     except EncodeError:
         raise
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:

@@ -29,15 +29,18 @@ def _is_plain(dtype: Any) -> bool:
 
 
 def encode_ndarray(array: Any) -> bytes:
+    """A numpy array as dtype, shape and raw bytes (object dtypes are refused)."""
     if not _is_plain(array.dtype):
         raise EncodeError(f"numpy dtype {array.dtype} cannot be sent; use a plain numeric dtype")
     # not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
     data = array if array.flags.c_contiguous else array.copy(order="C")
-    header = msgpack.packb([data.dtype.str, list(data.shape)])
-    return header + data.tobytes()
+    header: bytes = msgpack.packb([data.dtype.str, list(data.shape)])
+    raw: bytes = data.tobytes()
+    return header + raw
 
 
 def encode_tensor(tensor: Any) -> bytes:
+    """A torch tensor as its CPU array's dtype, shape and raw bytes."""
     import torch
 
     try:
@@ -57,7 +60,7 @@ def encode_tensor(tensor: Any) -> bytes:
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         # meta tensors, quantized tensors and the like
         raise EncodeError(f"torch tensor of dtype {tensor.dtype} cannot be sent: {exc}") from exc
-    header = msgpack.packb([dtype, list(data.shape)])
+    header: bytes = msgpack.packb([dtype, list(data.shape)])
     return header + raw
 
 
@@ -83,6 +86,7 @@ def _check_size(shape: tuple[int, ...], itemsize: int, raw: memoryview) -> None:
 
 
 def decode_ndarray(data: bytes) -> Any:
+    """The numpy array that :func:`encode_ndarray` wrote."""
     import numpy as np
 
     dtype_name, shape, raw = _split_header(data)
@@ -109,6 +113,7 @@ def _torch_dtypes() -> dict[str, Any]:
 
 
 def decode_tensor(data: bytes) -> Any:
+    """The torch tensor that :func:`encode_tensor` wrote (on the CPU)."""
     import torch
 
     dtype_name, shape, raw = _split_header(data)

@@ -26,34 +26,41 @@ def encode_bigint(value: int) -> bytes:
 
 
 def decode_bigint(data: bytes) -> int:
+    """The int that :func:`encode_bigint` wrote."""
     if not data:
         raise DecodeError("empty big integer")
     return int.from_bytes(data, "big", signed=True)
 
 
 def encode_complex(value: complex) -> bytes:
+    """A complex number as two big-endian doubles."""
     return _COMPLEX.pack(value.real, value.imag)
 
 
 def decode_complex(data: bytes) -> complex:
+    """The complex number that :func:`encode_complex` wrote."""
     if len(data) != _COMPLEX.size:
         raise DecodeError(f"complex number of {len(data)} bytes, expected {_COMPLEX.size}")
     return complex(*_COMPLEX.unpack(data))
 
 
 def encode_decimal(value: decimal.Decimal) -> bytes:
+    """A Decimal as its exact string form."""
     return str(value).encode("ascii")
 
 
 def decode_decimal(data: bytes) -> decimal.Decimal:
+    """The Decimal that :func:`encode_decimal` wrote."""
     return decimal.Decimal(data.decode("ascii"))
 
 
 def encode_uuid(value: Any) -> bytes:
+    """A UUID as its 16 bytes."""
     return bytes(value.bytes)
 
 
 def decode_uuid(data: bytes) -> Any:
+    """The UUID that :func:`encode_uuid` wrote."""
     import uuid  # imported only when a UUID is met: it is slow to import
 
     if len(data) != 16:
@@ -83,7 +90,8 @@ def _encode_tz(tz: datetime.tzinfo | None, value: datetime.datetime | datetime.t
         return bytes([kind]) + _OFFSET.pack(_micros(offset)) + "".join(name).encode("utf-8")
     zoneinfo = sys.modules.get("zoneinfo")  # a ZoneInfo exists only once zoneinfo is imported
     if zoneinfo is not None and isinstance(tz, zoneinfo.ZoneInfo) and tz.key is not None:
-        return bytes([_TZ_KEY]) + tz.key.encode("utf-8")
+        key: str = tz.key  # zoneinfo came from sys.modules, untyped
+        return bytes([_TZ_KEY]) + key.encode("utf-8")
     # another tzinfo class (pytz, dateutil): its rules cannot travel, its offset at this instant can
     offset = value.utcoffset()
     if offset is None:
@@ -116,6 +124,7 @@ def _split(data: bytes, layout: struct.Struct, what: str) -> tuple[tuple[int, ..
 
 
 def encode_datetime(value: datetime.datetime) -> bytes:
+    """A datetime as its fields, with its UTC offset when it is aware."""
     fields = _DATETIME.pack(
         value.year,
         value.month,
@@ -130,15 +139,18 @@ def encode_datetime(value: datetime.datetime) -> bytes:
 
 
 def decode_datetime(data: bytes) -> datetime.datetime:
-    (*parts, fold), tz = _split(data, _DATETIME, "datetime")
-    return datetime.datetime(*parts, tzinfo=_decode_tz(tz), fold=fold)
+    """The datetime that :func:`encode_datetime` wrote."""
+    (year, month, day, hour, minute, second, micros, fold), tz = _split(data, _DATETIME, "datetime")
+    return datetime.datetime(year, month, day, hour, minute, second, micros, tzinfo=_decode_tz(tz), fold=fold)
 
 
 def encode_date(value: datetime.date) -> bytes:
+    """A date as year, month and day."""
     return _DATE.pack(value.year, value.month, value.day)
 
 
 def decode_date(data: bytes) -> datetime.date:
+    """The date that :func:`encode_date` wrote."""
     parts, rest = _split(data, _DATE, "date")
     if rest:
         raise DecodeError("date has trailing bytes")
@@ -146,20 +158,24 @@ def decode_date(data: bytes) -> datetime.date:
 
 
 def encode_time(value: datetime.time) -> bytes:
+    """A time of day as its fields, with its UTC offset when it is aware."""
     fields = _TIME.pack(value.hour, value.minute, value.second, value.microsecond, value.fold)
     return fields + _encode_tz(value.tzinfo, value)
 
 
 def decode_time(data: bytes) -> datetime.time:
-    (*parts, fold), tz = _split(data, _TIME, "time")
-    return datetime.time(*parts, tzinfo=_decode_tz(tz), fold=fold)
+    """The time that :func:`encode_time` wrote."""
+    (hour, minute, second, micros, fold), tz = _split(data, _TIME, "time")
+    return datetime.time(hour, minute, second, micros, tzinfo=_decode_tz(tz), fold=fold)
 
 
 def encode_timedelta(value: datetime.timedelta) -> bytes:
+    """A timedelta as days, seconds and microseconds."""
     return _TIMEDELTA.pack(value.days, value.seconds, value.microseconds)
 
 
 def decode_timedelta(data: bytes) -> datetime.timedelta:
+    """The timedelta that :func:`encode_timedelta` wrote."""
     (days, seconds, microseconds), rest = _split(data, _TIMEDELTA, "timedelta")
     if rest:
         raise DecodeError("timedelta has trailing bytes")

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 RedisClient = Union[redis.Redis, RedisCluster]
+# redis-py types replies loosely (bytes | str | None); the clients built here never decode
+# replies, so XRANGE and XREVRANGE give rows of this shape.
+StreamRows = list[tuple[bytes, dict[bytes, bytes]]]
 """What :func:`create_redis` returns: one server's (or Sentinel's master's) client, or a Cluster client."""
 
 _HOST_PORT = re.compile(r"(?P<host>[^:/@,]+|\[[0-9a-fA-F:]+\]):(?P<port>\d+)")
@@ -59,7 +62,11 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
 
 
 def normalize_broker_url(redis_broker: str | None) -> str:
-    """Accept the URL schemes above and the old ``host:port`` form."""
+    """Accept the URL schemes above and the old ``host:port`` form.
+
+    Raises:
+        ConfigError: anything else (a ValueError, as it was before ConfigError existed).
+    """
     if not redis_broker:
         return DEFAULT_REDIS_URL
     if redis_broker.startswith(_SCHEMES):
@@ -129,7 +136,7 @@ def _query_options(query: str, url: str) -> dict[str, Any]:
     for name, value in parse_qsl(query):
         parser = URL_QUERY_ARGUMENT_PARSERS.get(name)
         try:
-            options[name] = parser(value) if parser else value
+            options[name] = parser(value) if callable(parser) else value
         except (TypeError, ValueError):
             raise ConfigError(f"invalid value for {name!r} in {redacted(url)!r}") from None
     return options
@@ -161,7 +168,8 @@ def _service_and_db(mode: str, path: str, query_db: Any, url: str) -> tuple[str,
     parts = [unquote(part) for part in path.split("/") if part]
     service = parts.pop(0) if mode == "sentinel" and parts else ""
     if mode == "sentinel" and not service:
-        raise ConfigError(f"a Sentinel URL names its service: redis+sentinel://host:port/mymaster, got {redacted(url)!r}")
+        raise ConfigError(
+            f"a Sentinel URL names its service: redis+sentinel://host:port/mymaster, got {redacted(url)!r}")
     if len(parts) > 1 or (parts and not parts[0].isdigit()):
         raise ConfigError(f"unexpected path {path!r} in {redacted(url)!r}")
     db = int(query_db if query_db is not None else (parts[0] if parts else 0))
@@ -209,11 +217,15 @@ def create_redis(
         sentinel_options = _sentinel_options(address, options)
         sentinel = Sentinel(list(address.nodes), sentinel_kwargs=sentinel_options,
                             retry=retry, ssl=address.tls, **options)
-        return sentinel.master_for(address.service, db=address.db)
+        master: redis.Redis = sentinel.master_for(address.service, db=address.db)
+        return master
     if address.unix_path:
         return redis.Redis(unix_socket_path=address.unix_path, db=address.db, retry=retry, **options)
     (host, port), = address.nodes
     return redis.Redis(host=host, port=port, db=address.db, ssl=address.tls, retry=retry, **options)
+
+
+_CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (RedisClusterException, *UNAVAILABLE)
 
 
 def _cluster(address: BrokerAddress, options: dict[str, Any], retry: Retry) -> RedisCluster:
@@ -222,7 +234,7 @@ def _cluster(address: BrokerAddress, options: dict[str, Any], retry: Retry) -> R
         # Unlike a one-server client, this one connects now: it reads the slot map.
         return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address.nodes],
                             retry=retry, ssl=address.tls, **options)
-    except (RedisClusterException, *UNAVAILABLE) as exc:
+    except _CLUSTER_UNAVAILABLE as exc:
         raise BrokerUnavailable(f"Redis Cluster unreachable at {url}: {exc}") from exc
 
 
@@ -285,7 +297,8 @@ def create_async_redis(
         sentinel_options["retry"] = AsyncRetry(ExponentialWithJitterBackoff(cap=0.1, base=0.02), 1)
         sentinel = AsyncSentinel(list(address.nodes), sentinel_kwargs=sentinel_options,
                                  retry=retry, ssl=address.tls, **options)
-        return sentinel.master_for(address.service, db=address.db)
+        async_master: AsyncRedis = sentinel.master_for(address.service, db=address.db)
+        return async_master
     if address.unix_path:
         return AsyncRedis(unix_socket_path=address.unix_path, db=address.db, retry=retry, **options)
     (host, port), = address.nodes

@@ -217,7 +217,7 @@ class CostWindow(Generic[T]):
 
     def add(self, items: Sequence[T], costs: Sequence[int], now: float) -> None:
         """Hold ``items`` (with their ``costs``), which arrived at ``now``."""
-        for item, cost in zip(items, costs):
+        for item, cost in zip(items, costs, strict=True):
             bisect.insort(self._held, _Held(cost, next(self._seq), now, item))
 
     def oldest_age(self, now: float) -> float:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import reprlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-import redis
+from redis.typing import EncodableT, FieldT
 
 from . import codec
+from .connection import RedisClient, StreamRows
 from .errors import DecodeError
 from .keys import Keys
 from .messages import DEADLINE, PAYLOAD, REMAINING
@@ -40,9 +41,10 @@ class DeadLetter:
     preview: str
 
 
-def read_dead_letters(client: redis.Redis, keys: Keys, count: int = 50) -> list[DeadLetter]:
+def read_dead_letters(client: RedisClient, keys: Keys, count: int = 50) -> list[DeadLetter]:
     """The newest ``count`` dead letters, newest first."""
-    return [_letter(letter_id, fields) for letter_id, fields in client.xrevrange(keys.dead, count=count)]
+    rows = cast(StreamRows, client.xrevrange(keys.dead, count=count))
+    return [_letter(letter_id, fields) for letter_id, fields in rows]
 
 
 def _letter(letter_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
@@ -65,16 +67,17 @@ def payload_preview(raw: bytes | None) -> str:
         return f"(undecodable, {len(raw)} bytes: {raw[:24].hex()})"
 
 
-def replay(client: redis.Redis, keys: Keys, letter_ids: list[str], timeout: float = 60.0) -> int:
+def replay(client: RedisClient, keys: Keys, letter_ids: list[str], timeout: float = 60.0) -> int:
     """Put dead letters back on the request stream with ``timeout`` seconds to run; returns how many."""
-    letters = [(i, f) for i in letter_ids for _, f in client.xrange(keys.dead, i, i, count=1)]
+    letters = [(i, f) for i in letter_ids for _, f in cast(StreamRows, client.xrange(keys.dead, i, i, count=1))]
     if not letters:
         return 0
     seconds, micros = client.time()  # a version-1 deadline, on Redis's clock like the callers'
     deadline = str(int(seconds) * 1000 + int(micros) // 1000 + int(timeout * 1000)).encode()
     pipe = client.pipeline(transaction=True)
     for letter_id, fields in letters:
-        entry = {k[len(FIELD_PREFIX):]: v for k, v in fields.items() if k.startswith(FIELD_PREFIX)}
+        entry: dict[FieldT, EncodableT] = {
+            k[len(FIELD_PREFIX):]: v for k, v in fields.items() if k.startswith(FIELD_PREFIX)}
         # version 2 counts ``r`` from the new entry's id; version 1 reads ``d``
         entry[REMAINING], entry[DEADLINE] = str(int(timeout * 1000)).encode(), deadline
         pipe.xadd(keys.requests, entry)
@@ -83,7 +86,7 @@ def replay(client: redis.Redis, keys: Keys, letter_ids: list[str], timeout: floa
     return len(letters)
 
 
-def purge(client: redis.Redis, keys: Keys, letter_ids: list[str]) -> int:
+def purge(client: RedisClient, keys: Keys, letter_ids: list[str]) -> int:
     """Delete dead letters; returns how many existed."""
     return int(client.xdel(keys.dead, *letter_ids)) if letter_ids else 0
 

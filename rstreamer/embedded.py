@@ -14,6 +14,7 @@ from pathlib import Path
 import redis
 
 from .errors import ConfigError
+from .settings import REDIS_URL_ENV
 
 
 def find_server_binary() -> str:
@@ -33,6 +34,7 @@ def find_server_binary() -> str:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -50,9 +52,11 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
+        """The server's ``redis://`` URL."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers PING; RuntimeError if it does not within ``timeout``."""
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self._dir, "--daemonize", "no", *self.extra_args]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -74,6 +78,7 @@ class EmbeddedRedis:
             client.close()
 
     def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s); it can be started again on the same port."""
         if self._process and self._process.poll() is None:
             self._process.terminate()
             try:
@@ -84,6 +89,7 @@ class EmbeddedRedis:
         self._process = None
 
     def close(self) -> None:
+        """Stop the server and delete its directory."""
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -96,7 +102,7 @@ class EmbeddedRedis:
 
 @contextlib.contextmanager
 def redis_url_or_embedded(
-    announce: Callable[[str], None] | None = None, env_var: str = "RSTREAMER_REDIS_URL"
+    announce: Callable[[str], None] | None = None, env_var: str = REDIS_URL_ENV
 ) -> Iterator[str]:
     """The URL in ``env_var`` if set, else that of an embedded Redis stopped on exit
     (``announce`` is told its URL).

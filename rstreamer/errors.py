@@ -5,6 +5,25 @@ status a web front end should answer with.
 """
 from __future__ import annotations
 
+from enum import Enum
+
+
+class FailureKind(str, Enum):
+    """Why an item has no output; its value is the string that crosses the wire."""
+
+    REMOTE = "remote"  # the model, or the codec, raised: RemoteError
+    TIMEOUT = "timeout"  # the call's deadline passed before the item ran: StreamerTimeout
+    MISMATCH = "mismatch"  # the model returned a wrong number of outputs: BatchSizeMismatch
+    DEAD = "dead"  # delivered too often, or unreadable: DeadLettered
+
+    @classmethod
+    def from_wire(cls, text: object) -> FailureKind:
+        """The kind a peer sent; one this version does not know reads as REMOTE."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.REMOTE
+
 
 class RStreamerError(Exception):
     """Base class of every rstreamer error."""
@@ -88,9 +107,10 @@ class WorkerStartupError(RStreamerError):
     """A local worker process failed to start or load its model."""
 
 
-def remote_error_from(error_type: str, message: str, kind: str = "") -> RStreamerError:
+def remote_error_from(error_type: str, message: str, kind: str = FailureKind.REMOTE) -> RStreamerError:
     """Rebuild the error a worker reported for one item."""
-    if kind == "timeout":
+    kind = FailureKind.from_wire(kind)
+    if kind is FailureKind.TIMEOUT:
         return StreamerTimeout(message)
-    cls = {"mismatch": BatchSizeMismatch, "dead": DeadLettered}.get(kind, RemoteError)
+    cls = {FailureKind.MISMATCH: BatchSizeMismatch, FailureKind.DEAD: DeadLettered}.get(kind, RemoteError)
     return cls(error_type, message)

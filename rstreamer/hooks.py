@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 
-
 Entry = tuple[bytes, "Mapping[bytes, bytes] | None"]
 """A stream entry as the worker reads it: (id, fields)."""
 
@@ -35,14 +34,17 @@ class ChainedHooks(WorkerHooks):
         self.hooks = hooks
 
     def server_time(self, server_ms: int) -> None:
+        """Pass the Redis server's time to every observer."""
         for hook in self.hooks:
             hook.server_time(server_ms)
 
     def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+        """Tell every observer that a batch starts."""
         for hook in self.hooks:
             hook.batch_started(entries, closed, batch_size)
 
     def batch_done(self) -> None:
+        """Tell every observer that the batch is done."""
         for hook in self.hooks:
             hook.batch_done()
 

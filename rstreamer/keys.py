@@ -54,18 +54,22 @@ class Keys:
 
     @property
     def requests(self) -> str:
+        """The stream of work."""
         return self._key("requests")
 
     @property
     def dead(self) -> str:
+        """The dead-letter stream."""
         return self._key("dead")
 
     @property
     def workers(self) -> str:
+        """The hash of live workers' heartbeats."""
         return self._key("workers")
 
     @property
     def group(self) -> str:
+        """The consumer group's name on the request stream."""
         return GROUP
 
     def reply(self, token: str) -> str:

@@ -5,12 +5,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from . import lua
+from .connection import RedisClient
 from .keys import Keys
+from .settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +31,12 @@ def parse_workers(raw: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
 
 
 def server_time_ms(time_reply: tuple[int, int]) -> int:
+    """Redis's TIME reply ``(seconds, microseconds)`` in milliseconds."""
     seconds, micros = time_reply
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def read_workers(client: redis.Redis, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
+def read_workers(client: RedisClient, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
     """The server's time (ms) and every worker's last heartbeat info."""
     return parse_read_workers(client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
 
@@ -41,7 +44,7 @@ def read_workers(client: redis.Redis, keys: Keys) -> tuple[int, dict[str, dict[s
 def parse_read_workers(reply: list[Any]) -> tuple[int, dict[str, dict[str, Any]]]:
     """The reply of the READ_WORKERS script as ``(server time in ms, workers)``."""
     seconds, micros, flat = reply
-    return server_time_ms((seconds, micros)), parse_workers(dict(zip(flat[::2], flat[1::2])))
+    return server_time_ms((seconds, micros)), parse_workers(dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
 def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms: int) -> set[str]:
@@ -58,7 +61,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: Keys,
         name: str,
         info: Callable[[], dict[str, Any]],
@@ -97,8 +100,26 @@ class Heartbeat:
             logger.warning("worker %s: could not remove heartbeat: %s", self._name, exc)
 
 
-def wait_for_live_workers(client: redis.Redis, keys: Keys, count: int, timeout: float, dead_after: float = 2.0) -> None:
-    """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s."""
+class FleetTotals(NamedTuple):
+    """What the workers of a prefix have done, summed over their heartbeats."""
+
+    batches: int
+    items: int  # answered by the model
+    expired: int  # answered as expired without running
+
+
+def fleet_totals(client: RedisClient, keys: Keys) -> FleetTotals:
+    """The batches, items and expired items that every worker entry of ``keys`` reports."""
+    infos = read_workers(client, keys)[1].values()
+    return FleetTotals(*(sum(int(info.get(counter, 0)) for info in infos) for counter in FleetTotals._fields))
+
+
+def wait_for_live_workers(client: RedisClient, keys: Keys, count: int, timeout: float,
+                          dead_after: float = WorkerSettings.dead_after) -> None:
+    """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s.
+
+    The one place that waits for a fleet: the CLI's tools, the demo and the benchmarks use it.
+    """
     deadline = time.monotonic() + timeout
     while True:
         now_ms, workers = read_workers(client, keys)

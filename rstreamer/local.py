@@ -13,11 +13,11 @@ from typing import Any
 
 from .base import BaseStreamer
 from .batching import Batcher, BatchPolicy, BatchStats, Outcome, answer_batch
-from .costing import CostBudget, CostFunction, CostModel, OomGuard, oom_error_types, safe_cost
+from .costing import CostBudget, CostFunction, CostModel, OomGuard, oom_error_types, parse_cost_model, safe_cost
 from .errors import ConfigError, Overloaded, WorkerStartupError
 from .future import Future
 from .model import ModelSpec, Predictor, load_predictor, model_costing, model_ref
-from .placement import child_environment, pin_process_to, round_robin
+from .placement import child_environment, pin_process_to, process_context, round_robin
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class QueueSource:
         self.stopped = False
 
     def fetch(self, max_items: int, timeout: float) -> list[Any]:
+        """Up to ``max_items`` queued items, waiting at most ``timeout`` s for the first; [] once stopped."""
         items: list[Any] = []
         if self.stopped:
             return items
@@ -148,7 +149,8 @@ class ThreadedStreamer(_LocalStreamer):
         cost_model: CostModel | str = CostModel.PADDED,
     ) -> None:
         super().__init__(timeout if timeout is not None else worker_timeout, max_queue)
-        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=CostBudget(max_batch_cost, cost_model))
+        budget = CostBudget(max_batch_cost, parse_cost_model(cost_model))
+        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=budget)
         self._queue: queue.Queue[LocalItem | None] = queue.Queue()
         self._thread = threading.Thread(
             target=serve_queue,
@@ -173,6 +175,7 @@ class ThreadedStreamer(_LocalStreamer):
             item.task.deliver(item.index, outcome)
 
     def close(self) -> None:
+        """Stop the worker after the items already queued; calls made after it fail."""
         if not self._closed:
             self._closed = True
             self._queue.put(None)
@@ -233,8 +236,9 @@ class Streamer(_LocalStreamer):
         self.ready_timeout = ready_timeout
         if mp_start_method not in multiprocessing.get_all_start_methods():
             raise ConfigError(f"unknown mp_start_method {mp_start_method!r}")
-        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=CostBudget(max_batch_cost, cost_model))
-        context = multiprocessing.get_context(mp_start_method)
+        budget = CostBudget(max_batch_cost, parse_cost_model(cost_model))
+        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=budget)
+        context = process_context(mp_start_method)
         self._inbox = context.Queue()
         self._outbox = context.Queue()
         self._tasks = itertools.count()
@@ -334,6 +338,7 @@ class Streamer(_LocalStreamer):
                     self._forget(task)
 
     def close(self) -> None:
+        """Stop the worker after the items already queued; calls made after it fail."""
         if self._closed:
             return
         self._closed = True

@@ -33,7 +33,7 @@ import msgpack
 
 from . import codec
 from .batching import Failure, Outcome
-from .errors import DecodeError, EncodeError, Overloaded
+from .errors import DecodeError, EncodeError, FailureKind, Overloaded
 from .keys import is_reply_token
 
 WIRE_VERSION = 2
@@ -182,6 +182,7 @@ class Admission:
 
     @classmethod
     def parse(cls, reply: Sequence[Any]) -> Admission:
+        """The ENQUEUE script's reply ``(accepted, reason, detail)``."""
         accepted, reason, detail = (int(value) for value in reply)
         return cls(accepted, reason, detail)
 
@@ -199,7 +200,7 @@ class Admission:
 # replies --------------------------------------------------------------------------------
 
 def _failure_row(index: int, failure: Failure) -> list[Any]:
-    return [index, False, [failure.type, failure.message, failure.kind]]
+    return [index, False, [failure.type, failure.message, failure.kind.value]]
 
 
 def _encoded_output(value: Any, max_bytes: int, version: int = WIRE_VERSION) -> bytes | Failure:
@@ -230,7 +231,7 @@ def _row_bytes(index: int, outcome: Outcome[Any], version: int, max_bytes: int) 
     if outcome.ok:
         output = _encoded_output(outcome.value, max_bytes - _ENVELOPE, version)
         if isinstance(output, bytes):
-            head = msgpack.packb(index) + msgpack.packb(True)
+            head: bytes = msgpack.packb(index) + msgpack.packb(True)
             if version != PREVIOUS_VERSION:
                 head += _bin_header(len(output))
             return b"\x93" + head + output  # 0x93: an array of three
@@ -242,10 +243,11 @@ def _row_bytes(index: int, outcome: Outcome[Any], version: int, max_bytes: int) 
 
 def _message(rows: list[bytes], version: int) -> bytes:
     packer = msgpack.Packer()
-    body = packer.pack_array_header(len(rows)) + b"".join(rows)
+    body: bytes = packer.pack_array_header(len(rows)) + b"".join(rows)
     if version == PREVIOUS_VERSION:
         return body
-    return packer.pack_map_header(2) + packer.pack("v") + packer.pack(version) + packer.pack(ROWS) + body
+    header: bytes = packer.pack_map_header(2) + packer.pack("v") + packer.pack(version) + packer.pack(ROWS)
+    return header + body
 
 
 def pack_results(results: Iterable[tuple[int, Outcome[Any]]], version: int = WIRE_VERSION,
@@ -307,8 +309,8 @@ def _reply_rows(message: Any) -> tuple[int, list[Any]]:
 def _failure_of(value: Any) -> Outcome[Any]:
     if not (isinstance(value, list) and len(value) >= 2):
         raise DecodeError("malformed failure in reply row")
-    kind = value[2] if len(value) > 2 else "remote"
-    return Outcome(False, failure=Failure(str(value[0]), str(value[1]), str(kind)))
+    kind = FailureKind.from_wire(value[2]) if len(value) > 2 else FailureKind.REMOTE
+    return Outcome(False, failure=Failure(str(value[0]), str(value[1]), kind))
 
 
 def unpack_results(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> list[tuple[int, Outcome[Any]]]:

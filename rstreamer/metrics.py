@@ -17,7 +17,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
-    REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -54,6 +60,7 @@ class StatsCollector(Collector):
         self.gpu = "" if gpu is None else str(gpu)
 
     def collect(self) -> Iterable[Metric]:
+        """The current values, read when Prometheus scrapes."""
         for attr, (name, documentation) in WORKER_COUNTERS.items():
             if hasattr(self.stats, attr):
                 family = CounterMetricFamily(name, documentation, labels=["prefix"])
@@ -61,10 +68,10 @@ class StatsCollector(Collector):
                 yield family
         cap = getattr(self.stats, "cost_cap", None)
         if cap is not None:
-            family = GaugeMetricFamily("rstreamer_worker_cost_cap", "The batch cost this worker learned it can "
-                                       "run without running out of memory.", labels=["prefix"])
-            family.add_metric([self.prefix], cap)
-            yield family
+            gauge = GaugeMetricFamily("rstreamer_worker_cost_cap", "The batch cost this worker learned it can "
+                                      "run without running out of memory.", labels=["prefix"])
+            gauge.add_metric([self.prefix], cap)
+            yield gauge
         info = GaugeMetricFamily("rstreamer_worker_info", "This worker's consumer name and GPU (value 1).",
                                  labels=["prefix", "worker", "gpu"])
         info.add_metric([self.prefix, self.worker, self.gpu], 1)
@@ -114,9 +121,11 @@ class WorkerMetrics(WorkerHooks):
         self._predict_end = time.perf_counter()
 
     def server_time(self, server_ms: int) -> None:
+        """Keep the offset of the Redis server's clock, to time queue waits on it."""
         self._offset_ms = server_ms - time.time() * 1000
 
     def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+        """Observe the batch's queue waits and fill, and why it closed."""
         now_ms = time.time() * 1000 + self._offset_ms
         for entry_id, _ in entries:
             self._queue_wait.observe(max(0.0, now_ms - entry_ms(entry_id)) / 1000)
@@ -127,6 +136,7 @@ class WorkerMetrics(WorkerHooks):
         self._predict_end = None
 
     def batch_done(self) -> None:
+        """Observe the time from the end of predict to the replies being in Redis."""
         self._in_flight.set(0)
         if self._predict_end is not None:
             self._reply_seconds.observe(time.perf_counter() - self._predict_end)
@@ -235,6 +245,7 @@ class QueueCollector(Collector):
         self.read = read
 
     def collect(self) -> Iterable[Metric]:
+        """The current values, read when Prometheus scrapes."""
         rows = self.read()
         for field, (name, documentation) in self.GAUGES.items():
             family = GaugeMetricFamily(name, documentation, labels=["prefix"])

@@ -95,7 +95,8 @@ def model_ref(model: ModelSpec) -> ModelSpec:
     only after CUDA_VISIBLE_DEVICES is set; otherwise ``model`` itself."""
     if isinstance(model, str):
         return model
-    if not (inspect.isclass(model) or inspect.isfunction(model)):
+    importable = inspect.isclass(model) or inspect.isfunction(model)  # a bool: narrows nothing
+    if not importable:
         # A bound method, partial or callable instance: its names would import something else.
         return model
     module = getattr(model, "__module__", None)

@@ -3,16 +3,28 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import multiprocessing
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 
 from .errors import ConfigError
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 _environ_lock = threading.Lock()
+
+ProcessContext = SpawnContext | ForkContext | ForkServerContext
+
+
+def process_context(method: str) -> ProcessContext:
+    """The multiprocessing context of a start method (spawn, fork or forkserver)."""
+    context = multiprocessing.get_context(method)
+    if not isinstance(context, (SpawnContext, ForkContext, ForkServerContext)):
+        raise ConfigError(f"unknown start method {method!r}")  # get_context raises first; this narrows the type
+    return context
 
 
 def round_robin(worker_num: int, cuda_devices: Sequence[int] | None) -> list[int | None]:

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import redis
+from typing import Any, cast
 
 from . import lua
+from .connection import RedisClient
 from .keys import Keys
 from .liveness import live_workers, read_workers
 
@@ -49,7 +48,7 @@ def plan_reclaim(pending: list[PendingEntry], max_deliveries: int) -> ReclaimPla
 class Reclaimer:
     """Redis side of reclaim for one consumer (``me``)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, me: str, dead_after: float, min_idle: float) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, me: str, dead_after: float, min_idle: float) -> None:
         self._client = client
         self._keys = keys
         self._me = me
@@ -72,9 +71,10 @@ class Reclaimer:
         return dead
 
     def pending_of(self, consumer: str, count: int = 1000) -> list[PendingEntry]:
-        rows = self._client.xpending_range(
+        """Up to ``count`` entries delivered to ``consumer`` and not yet acked."""
+        rows = cast("list[dict[str, Any]]", self._client.xpending_range(
             self._keys.requests, self._keys.group, min="-", max="+", count=count, consumername=consumer
-        )
+        ))  # our client does not decode replies: message_id is bytes
         return [PendingEntry(row["message_id"], int(row["times_delivered"])) for row in rows]
 
     def claim(self, entry_ids: list[bytes]) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
@@ -82,7 +82,7 @@ class Reclaimer:
         if not entry_ids:
             return []
         claimed: list[Any] = self._client.xclaim(
-            self._keys.requests, self._keys.group, self._me, self._min_idle_ms, entry_ids
+            self._keys.requests, self._keys.group, self._me, self._min_idle_ms, [*entry_ids]
         )
         return [(entry_id, fields) for entry_id, fields in claimed]
 

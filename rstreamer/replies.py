@@ -14,7 +14,7 @@ import msgpack
 
 from . import codec
 from .batching import Failure, Outcome
-from .errors import DecodeError, RemoteError
+from .errors import DecodeError, FailureKind, RemoteError
 from .messages import unpack_results
 
 Results = list[tuple[int, Outcome[Any]]]
@@ -67,7 +67,7 @@ def _decode_row(row: memoryview, max_bytes: int) -> tuple[int, Outcome[Any]]:
         return result
     except DecodeError as exc:
         return _row_index(row), Outcome(False, failure=Failure("DecodeError", f"the answer could not be "
-                                                                             f"decoded: {exc}", "remote"))
+                                                                             f"decoded: {exc}", FailureKind.REMOTE))
 
 
 def _row_index(row: memoryview) -> int:

@@ -1,22 +1,91 @@
-"""Typed, validated settings with defaults, overridable from ``RSTREAMER_*`` variables."""
+"""Typed, validated settings with defaults, overridable from ``RSTREAMER_*`` variables.
+
+One source per setting: each is a field of one settings class (ClientSettings on the web
+side, WorkerSettings on the worker side), its variable is ``RSTREAMER_<FIELD>`` (see
+:func:`env_name`), and its text form has one parser, which the command line uses too.
+"""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from typing import Any, ClassVar, TypeVar
 
+from .batching import BatchPolicy
 from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "RSTREAMER_"
 
-_S = TypeVar("_S", bound="_EnvSettings")
+_S = TypeVar("_S", bound="EnvSettings")
+_T = TypeVar("_T")
+
+
+def env_name(setting: str) -> str:
+    """The environment variable of a setting: ``RSTREAMER_<SETTING>``."""
+    return ENV_PREFIX + setting.upper()
+
+
+REDIS_URL_ENV = env_name("redis_url")
+PREFIX_ENV = env_name("prefix")
 
 
 def redis_url_from_env(default: str = DEFAULT_REDIS_URL) -> str:
     """The broker URL from ``RSTREAMER_REDIS_URL``, else ``default``."""
-    return os.environ.get(ENV_PREFIX + "REDIS_URL") or default
+    return os.environ.get(REDIS_URL_ENV) or default
+
+
+def prefix_from_env(default: str = "") -> str:
+    """The prefix from ``RSTREAMER_PREFIX``, else ``default``."""
+    return os.environ.get(PREFIX_ENV, default)
+
+
+# text parsers: one per kind of setting, shared by the environment and the command line --------
+
+def parse_integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """A parser of integers from ``minimum`` to ``maximum``; its ValueError says what is wrong."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"not an integer: {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(f"must be between {minimum} and {maximum or 'infinity'}, got {value}")
+        return value
+    return parse
+
+
+def parse_seconds(text: str) -> float:
+    """A duration in seconds, >= 0; its ValueError says what is wrong."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also refuses NaN
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def parse_cost_model_name(text: str) -> str:
+    """``padded`` or ``sum`` (any case)."""
+    try:
+        return parse_cost_model(text.strip().lower()).value
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _parsed(default: _T, parse: Callable[[str], _T]) -> _T:
+    """A field whose variable is read by ``parse`` rather than by its default's type."""
+    found: _T = field(default=default, metadata={"parse": parse})
+    return found
+
+
+def setting_parser(settings: type[EnvSettings], name: str) -> Callable[[str], Any]:
+    """The parser of one setting's text form (its variable's, or a command-line option's)."""
+    spec = settings.__dataclass_fields__[name]
+    parse: Callable[[str], Any] = spec.metadata.get("parse") or type(spec.default)
+    return parse
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
@@ -24,28 +93,36 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
-class _EnvSettings:
+class EnvSettings:
+    """Base of the settings dataclasses: ``from_env`` reads a field from ``RSTREAMER_<FIELD>``."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every subclass is a dataclass
+
     @classmethod
     def from_env(cls: type[_S], **overrides: Any) -> _S:
-        """Defaults, then ``RSTREAMER_<FIELD>`` variables, then non-None ``overrides``."""
+        """Defaults, then ``RSTREAMER_<FIELD>`` variables, then non-None ``overrides``.
+
+        Fields without a plain default (a nested settings object) take only ``overrides``.
+        """
         values: dict[str, Any] = {}
-        for field in fields(cls):  # type: ignore[arg-type]
-            raw = os.environ.get(ENV_PREFIX + field.name.upper())
-            if raw not in (None, ""):
-                kind = type(field.default)
-                try:
-                    values[field.name] = kind(raw)
-                except ValueError as exc:
-                    raise ConfigError(f"{ENV_PREFIX}{field.name.upper()}={raw!r}: {exc}") from exc
+        for spec in fields(cls):
+            raw = os.environ.get(env_name(spec.name))
+            if raw in (None, "") or spec.default is MISSING:
+                continue
+            try:
+                values[spec.name] = setting_parser(cls, spec.name)(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{env_name(spec.name)}={raw!r}: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
     def replace(self: _S, **changes: Any) -> _S:
-        return replace(self, **changes)  # type: ignore[type-var]
+        """A copy with ``changes``, validated again."""
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
-class ClientSettings(_EnvSettings):
+class ClientSettings(EnvSettings):
     """Web-side settings of a RedisStreamer.
 
     timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``).
@@ -69,7 +146,7 @@ class ClientSettings(_EnvSettings):
 
 
 @dataclass(frozen=True)
-class WorkerSettings(_EnvSettings):
+class WorkerSettings(EnvSettings):
     """Worker-side settings: batching, liveness, reclaim and delivery limits (seconds).
 
     stuck_after: a worker that reports no progress for this long (one batch that long, a
@@ -80,8 +157,8 @@ class WorkerSettings(_EnvSettings):
     rstreamer.costing); it is on when the model defines ``cost()`` or a budget is set.
     """
 
-    batch_size: int = 64
-    max_latency: float = 0.1
+    batch_size: int = _parsed(64, parse_integer(1))
+    max_latency: float = _parsed(0.1, parse_seconds)
     heartbeat_interval: float = 0.5
     dead_after: float = 2.0
     reclaim_interval: float = 0.5
@@ -93,8 +170,8 @@ class WorkerSettings(_EnvSettings):
     stuck_after: float = 300.0
     dead_max_len: int = 10_000
     dead_max_bytes: int = 64 * 1024 * 1024
-    max_batch_cost: int = 0
-    cost_model: str = "padded"
+    max_batch_cost: int = _parsed(0, parse_integer(0))
+    cost_model: str = _parsed("padded", parse_cost_model_name)
     cost_lookahead: int = 4
 
     def __post_init__(self) -> None:
@@ -113,6 +190,10 @@ class WorkerSettings(_EnvSettings):
         # max_latency: neither may look like a stuck worker.
         if not self.stuck_after > self.dead_after + self.idle_block + 2 * self.max_latency:
             raise ConfigError("stuck_after must exceed dead_after + idle_block + 2 * max_latency")
+
+    def batch_policy(self, adaptive: bool = True) -> BatchPolicy:
+        """The batch policy of a worker with these settings (the one place it is derived)."""
+        return BatchPolicy(self.batch_size, self.max_latency, adaptive, cost=self.cost_budget())
 
     def cost_budget(self) -> CostBudget:
         """The cost side of the batch policy these settings describe."""

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
-from .connection import is_nogroup
+from .connection import RedisClient, StreamRows, is_nogroup
 from .keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
 from .liveness import live_workers, read_workers
 
@@ -42,7 +42,7 @@ class Snapshot:
         return max(0, self.stream_length - self.pending)
 
 
-def take_snapshots(client: redis.Redis, prefixes: list[str]) -> list[Snapshot]:
+def take_snapshots(client: RedisClient, prefixes: list[str]) -> list[Snapshot]:
     """The workers of each prefix (with its server's clock), then one pipelined read of the queues."""
     # read_workers is a script, which a Redis Cluster pipeline cannot carry: one call per prefix.
     heartbeats = [read_workers(client, Keys(prefix)) for prefix in prefixes]
@@ -92,9 +92,11 @@ def throughput(before: Snapshot, after: Snapshot, dead_after: float) -> dict[str
     rates = {"items": 0.0, "batches": 0.0}
     for name in live_workers(after.now_ms, after.workers, int(dead_after * 1000)):
         old, new = before.workers.get(name), after.workers[name]
-        seconds = (new["seen_ms"] - old["seen_ms"]) / 1000 if old else 0.0
+        if not old:
+            continue  # a new worker
+        seconds = (new["seen_ms"] - old["seen_ms"]) / 1000
         if seconds <= 0:
-            continue  # new worker, or no heartbeat between the snapshots
+            continue  # no heartbeat between the snapshots
         for counter in rates:
             rates[counter] += max(0, new.get(counter, 0) - old.get(counter, 0)) / seconds
     return {"items_per_s": round(rates["items"], 2), "batches_per_s": round(rates["batches"], 2),
@@ -102,7 +104,7 @@ def throughput(before: Snapshot, after: Snapshot, dead_after: float) -> dict[str
 
 
 def prefix_status(
-    client: redis.Redis,
+    client: RedisClient,
     prefix: str,
     dead_after: float,
     interval: float = 1.0,
@@ -124,7 +126,7 @@ def prefix_status(
     }
 
 
-def prefix_known(client: redis.Redis, prefix: str) -> bool:
+def prefix_known(client: RedisClient, prefix: str) -> bool:
     """True when anything exists under ``prefix``: its request stream (a worker or a call
     creates it), a worker's heartbeat or a dead letter. False for a misspelt prefix."""
     keys = Keys(prefix)
@@ -132,7 +134,7 @@ def prefix_known(client: redis.Redis, prefix: str) -> bool:
     return bool(client.exists(keys.requests, keys.workers, keys.dead))
 
 
-def list_prefixes(client: redis.Redis) -> list[str]:
+def list_prefixes(client: RedisClient) -> list[str]:
     """Every prefix that has a request stream (SCAN, so it does not block the server)."""
     found = set()
     for key in client.scan_iter(match=REQUESTS_PATTERN, count=1000):
@@ -142,7 +144,7 @@ def list_prefixes(client: redis.Redis) -> list[str]:
     return sorted(found)
 
 
-def all_prefixes_status(client: redis.Redis, dead_after: float) -> list[dict[str, Any]]:
+def all_prefixes_status(client: RedisClient, dead_after: float) -> list[dict[str, Any]]:
     """A one-line summary of every prefix."""
     return [
         {"prefix": s.prefix, "queue_length": s.queue_length, "pending": s.pending, "dead_letters": s.dead_letters,
@@ -187,7 +189,7 @@ def _table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
     return [fmt.format(*(c.upper() for c in columns)).rstrip()] + [fmt.format(*row).rstrip() for row in rows]
 
 
-def oldest_waiting_ms(client: redis.Redis, keys: Keys) -> int | None:
+def oldest_waiting_ms(client: RedisClient, keys: Keys) -> int | None:
     """When (server ms, from its entry id) the oldest entry not yet delivered to a worker was added.
 
     An entry id's first part is the Redis server's clock when XADD ran, so comparing it with the
@@ -198,5 +200,6 @@ def oldest_waiting_ms(client: redis.Redis, keys: Keys) -> int | None:
     except redis.ResponseError:
         return None  # no stream yet
     last = next((g["last-delivered-id"] for g in groups if _text(g["name"]) == keys.group), b"0-0")
-    oldest = client.xrange(keys.requests, min=b"(" + (last if isinstance(last, bytes) else last.encode()), count=1)
+    start = b"(" + (last if isinstance(last, bytes) else last.encode())
+    oldest = cast(StreamRows, client.xrange(keys.requests, min=start, count=1))
     return int(oldest[0][0].split(b"-")[0]) if oldest else None

@@ -13,16 +13,20 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import FrameType
+from typing import Any, Union
 
 from .batching import BatchStats
 from .errors import ConfigError
 from .keys import Keys
+from .logs import configure_logging
 from .model import ModelSpec, model_ref, resolve_model
-from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, round_robin
+from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, process_context, round_robin
 from .settings import WorkerSettings
+
+SignalHandler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +41,13 @@ EXIT_BAD_MODEL = 78
 class WorkerSpec:
     """Everything a worker process needs; picklable, so it crosses ``spawn``.
 
-    ``metrics_port``: the worker of slot ``i`` serves Prometheus metrics on ``metrics_port + i``
-    (None: no metrics). ``log_interval``: seconds between two info summary lines (0: none).
+    The batch size and latency are ``settings.batch_size`` and ``settings.max_latency`` (one
+    source for them, as for every worker setting). ``metrics_port``: the worker of slot ``i``
+    serves Prometheus metrics on ``metrics_port + i`` (None: no metrics). ``log_interval``:
+    seconds between two info summary lines (0: none).
     """
 
     model: ModelSpec
-    batch_size: int
-    max_latency: float
     redis_url: str
     prefix: str = ""
     init_args: Sequence[Any] | None = None
@@ -62,10 +66,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     # run_forever(), so nothing of it is loaded before this line.
     pin_process_to(gpu_id)
     device = "cpu" if gpu_id is None else f"gpu {gpu_id}"
-    logging.basicConfig(
-        level=spec.log_level,
-        format=f"%(asctime)s %(levelname)s [worker {slot} {device} pid %(process)d] %(name)s: %(message)s",
-    )
+    configure_logging(spec.log_level, f"worker {slot} {device}")
     from .hooks import ChainedHooks
     from .tracing import worker_tracer
     from .worker import RedisWorker
@@ -78,7 +79,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
         sys.exit(EXIT_BAD_MODEL)
     metrics = _worker_metrics(spec, slot)
     worker = RedisWorker(
-        spec.model, spec.batch_size, spec.max_latency, spec.redis_url, spec.prefix,
+        spec.model, spec.settings.batch_size, spec.settings.max_latency, spec.redis_url, spec.prefix,
         spec.init_args, spec.init_kwargs, gpu_id=gpu_id, settings=spec.settings, adaptive=spec.adaptive,
         observe=metrics.observe if metrics is not None else None,
     )
@@ -128,9 +129,11 @@ class StatsSummary:
         self._stopped = threading.Event()
 
     def start(self) -> None:
+        """Start logging a summary every ``interval`` seconds, in a daemon thread."""
         threading.Thread(target=self._run, name=f"summary-{self.name}", daemon=True).start()
 
     def stop(self) -> None:
+        """Stop the summaries."""
         self._stopped.set()
 
     def _run(self) -> None:
@@ -188,7 +191,7 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.restart_window = restart_window
         self.restart_backoff = restart_backoff
-        self._context = multiprocessing.get_context(mp_start_method)
+        self._context = process_context(mp_start_method)
         self._processes: dict[int, Any] = {}
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
         self._restart_at: dict[int, float] = {}
@@ -231,10 +234,10 @@ class Supervisor:
             reader.close()
             writer.close()
 
-    def _install_signal_handlers(self) -> dict[int, Any]:
+    def _install_signal_handlers(self) -> dict[signal.Signals, SignalHandler]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[signal.Signals, SignalHandler] = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, self._on_signal)
         return previous
@@ -349,7 +352,7 @@ class Supervisor:
         if len(crashes) > self.max_restarts:
             raise CrashLoop(f"worker slot {slot} died {len(crashes)} times within {self.restart_window:g}s "
                             f"(last: pid {process.pid}, exit code {process.exitcode})")
-        delay = min(self.restart_backoff * 2 ** (len(crashes) - 1), 30.0)
+        delay = min(self.restart_backoff * 2.0 ** (len(crashes) - 1), 30.0)
         logger.warning("worker slot %d (pid %s) exited with code %s; restarting in %.1fs "
                        "(%d of at most %d restarts within %gs)", slot, process.pid, process.exitcode, delay,
                        len(crashes), self.max_restarts, self.restart_window)
@@ -410,10 +413,9 @@ def run_redis_workers_forever(
     from .connection import normalize_broker_url
     from .settings import redis_url_from_env
 
-    spec = WorkerSpec(
-        model_class, batch_size, max_latency, normalize_broker_url(redis_broker or redis_url_from_env()),
-        prefix, model_init_args, model_init_kwargs, settings or WorkerSettings.from_env(),
-    )
+    settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
+    spec = WorkerSpec(model_class, normalize_broker_url(redis_broker or redis_url_from_env()), prefix,
+                      model_init_args, model_init_kwargs, settings)
     supervisor = Supervisor(spec, round_robin(worker_num, cuda_devices), mp_start_method=mp_start_method)
     if threading.current_thread() is threading.main_thread():
         return supervisor.run()

@@ -59,7 +59,7 @@ def call_span(prefix: str, items: int) -> Iterator[None]:
         return
     from opentelemetry import trace
 
-    attributes = {"rstreamer.prefix": prefix, "rstreamer.items": items}
+    attributes: dict[str, str | int] = {"rstreamer.prefix": prefix, "rstreamer.items": items}
     with trace.get_tracer(TRACER_NAME).start_as_current_span("rstreamer.predict", kind=trace.SpanKind.CLIENT,
                                                              attributes=attributes):
         yield
@@ -101,9 +101,11 @@ class WorkerTracer(WorkerHooks):
         self._batch: Any = None
 
     def server_time(self, server_ms: int) -> None:
+        """Keep the offset of the Redis server's clock, to date the queue-wait spans on it."""
         self._offset_ms = server_ms - time.time() * 1000
 
     def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+        """One queue-wait span per traced entry, and a batch span linked to their callers' spans."""
         now_ns = time.time_ns()
         parents = []
         for entry_id, fields in entries:
@@ -124,6 +126,7 @@ class WorkerTracer(WorkerHooks):
                         "rstreamer.batch.limit": batch_size, "rstreamer.batch.closed": closed})
 
     def batch_done(self) -> None:
+        """End the batch span."""
         if self._batch is not None:
             self._batch.end()
             self._batch = None

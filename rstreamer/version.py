@@ -1,1 +1,2 @@
+"""The package version, read by setup.cfg."""
 VERSION = "0.1.0"

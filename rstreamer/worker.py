@@ -12,21 +12,29 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from . import lua
-from .batching import Batcher, BatchObserver, BatchPolicy, BatchStats, Failure, Outcome, answer_batch
-from .costing import OomGuard, oom_error_types, safe_cost
+from .batching import Batcher, BatchObserver, BatchStats, Failure, Outcome, answer_batch
 from .beater import Beater
-from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
+from .clock import ServerClock
+from .connection import RedisClient, create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
+from .costing import OomGuard, oom_error_types, safe_cost
+from .errors import FailureKind
 from .hooks import WorkerHooks
 from .keys import Keys
 from .liveness import Heartbeat, live_workers, read_workers
-from .clock import ServerClock
 from .messages import (
-    WIRE_VERSION, MalformedEntry, Request, pack_results, parse_request, reply_address, reply_ttl_ms, reply_version,
+    WIRE_VERSION,
+    MalformedEntry,
+    Request,
+    pack_results,
+    parse_request,
+    reply_address,
+    reply_ttl_ms,
+    reply_version,
 )
 from .model import ModelSpec, Predictor, load_predictor, model_costing
 from .reclaim import Reclaimer, plan_reclaim
@@ -74,7 +82,7 @@ class StreamSource:
     ack are served again first, each once, in id order, from a cursor; only then new ones.
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys, consumer: str) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, consumer: str) -> None:
         self._client = client
         self._keys = keys
         self._consumer = consumer
@@ -87,17 +95,18 @@ class StreamSource:
         self._cursor = "-"
 
     def fetch(self, max_items: int, timeout: float) -> list[Entry]:
+        """Up to ``max_items`` entries: this consumer's own backlog first, then new ones (blocking ``timeout`` s)."""
         if self._cursor is not None:
-            backlog = self._read_own_pending(max_items)
+            backlog = self._read_own_pending(self._cursor, max_items)
             if backlog:
                 return backlog
             self._cursor = None
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms; no BLOCK: no wait.
         block = max(1, int(timeout * 1000)) if timeout > 0 else None
         try:
-            reply = self._client.xreadgroup(
+            reply = cast("list[tuple[bytes, list[Entry]]] | None", self._client.xreadgroup(
                 self._keys.group, self._consumer, {self._keys.requests: ">"}, count=max_items, block=block
-            )
+            ))  # our client does not decode replies
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
@@ -105,11 +114,11 @@ class StreamSource:
             return []
         return [(entry_id, fields) for _, stream_entries in (reply or []) for entry_id, fields in stream_entries]
 
-    def _read_own_pending(self, max_items: int) -> list[Entry]:
+    def _read_own_pending(self, cursor: str, max_items: int) -> list[Entry]:
         # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.
         try:
-            rows = self._own_pending(keys=[self._keys.requests],
-                                     args=[self._keys.group, self._consumer, self._cursor, max_items])
+            rows: list[tuple[bytes, list[bytes] | None]] = self._own_pending(
+                keys=[self._keys.requests], args=[self._keys.group, self._consumer, cursor, max_items])
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
@@ -121,7 +130,7 @@ class StreamSource:
 
 
 def _field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
-    return None if flat is None else dict(zip(flat[::2], flat[1::2]))
+    return None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,7 @@ class Parsed:
 
     @property
     def entry(self) -> Entry:
+        """The stream entry as it was read: (id, fields)."""
         return self.entry_id, self.fields
 
 
@@ -147,6 +157,7 @@ class ParsedSource:
         self._parse = parse
 
     def fetch(self, max_items: int, timeout: float) -> list[Parsed]:
+        """The next entries of the stream, each decoded."""
         return [self._parse(entry) for entry in self._source.fetch(max_items, timeout)]
 
 
@@ -173,7 +184,7 @@ class RedisWorker:
     ) -> None:
         self.observe = observe
         self.settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
-        self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=self.settings.cost_budget())
+        self.policy = self.settings.batch_policy(adaptive)
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix)
         self.gpu_id = gpu_id
@@ -188,7 +199,8 @@ class RedisWorker:
         self._started = time.time()
         # The longest read blocks for idle_block (waiting for a first item) or max_latency
         # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
-        self._redis = create_redis(self.url, socket_timeout=max(self.settings.idle_block, max_latency) + 5.0)
+        longest_block = max(self.settings.idle_block, self.settings.max_latency)
+        self._redis = create_redis(self.url, socket_timeout=longest_block + 5.0)
         self._source = StreamSource(self._redis, self.keys, self.name)
         self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimer = Reclaimer(
@@ -367,7 +379,7 @@ class RedisWorker:
         request_costs: list[int] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
-        for parsed, cost in zip(batch, costs or [1] * len(batch)):
+        for parsed, cost in zip(batch, costs or [1] * len(batch), strict=True):
             if parsed.request is not None:
                 requests.append(parsed.request)
                 request_costs.append(cost)
@@ -387,7 +399,7 @@ class RedisWorker:
         dead.append(DeadLetter(parsed.entry_id, parsed.fields, f"malformed: {exc}"))
         if not exc.token:
             return []
-        return [Answer(exc.token, exc.index, _failed("DecodeError", str(exc), "dead"), exc.version)]
+        return [Answer(exc.token, exc.index, _dead("DecodeError", str(exc)), exc.version)]
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
@@ -467,7 +479,7 @@ class RedisWorker:
             dead.append(DeadLetter(entry_id, fields, reason))
             address = reply_address(fields)
             if address:
-                answers.append(Answer(*address, _failed("DeadLettered", reason, "dead"), reply_version(fields)))
+                answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
         self._finish(answers, dead, [entry_id for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
 
@@ -486,8 +498,9 @@ def warn_if_gpu_invisible(gpu_id: int | None) -> None:
                      "the model runs on the CPU", gpu_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def _failed(error_type: str, message: str, kind: str) -> Outcome[Any]:
-    return Outcome(False, failure=Failure(error_type, message, kind))
+def _dead(error_type: str, message: str) -> Outcome[Any]:
+    """The answer of an item that is dead-lettered: the caller gets DeadLettered."""
+    return Outcome(False, failure=Failure(error_type, message, FailureKind.DEAD))
 
 
 def _not_loaded(batch: list[Any]) -> list[Any]:

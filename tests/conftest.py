@@ -1,14 +1,18 @@
 """Fixtures: a real redis-server per session, a prefix per test, real worker processes."""
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
+from rstreamer.coalescer import Coalescer
 from rstreamer.embedded import EmbeddedRedis
 from support.procs import WorkerProcesses
+from support.web import WebServers
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +65,28 @@ def workers(redis_url: str) -> Iterator[WorkerProcesses]:
     factory = WorkerProcesses(redis_url)
     yield factory
     factory.stop_all()
+
+
+@pytest.fixture
+def web(redis_url: str) -> Iterator[WebServers]:
+    """Start web servers with ``web.gunicorn(prefix, RSTREAMER_TIMEOUT="1")``; all killed at teardown."""
+    factory = WebServers(redis_url)
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture
+def held_first_send(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each ENQUEUE_CALLS a Coalescer sends; the first is held back 0.3 s, so that the
+    calls made meanwhile pile up and share the next one."""
+    sends: list[int] = []
+    original = Coalescer._send
+
+    def slow_first_send(self: Coalescer, taken: list[Any]) -> Any:
+        sends.append(len(taken))
+        if len(sends) == 1:
+            time.sleep(0.3)
+        return original(self, taken)
+
+    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
+    return sends

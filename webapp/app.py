@@ -17,7 +17,7 @@ from flask import Flask, Request, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from rstreamer import BrokerUnavailable, RedisStreamer
-from rstreamer.connection import create_redis
+from rstreamer.connection import RedisClient, create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
 
@@ -25,7 +25,7 @@ from . import metrics, protocol
 from .config import WebConfig
 from .gate import WorkerGate
 
-T = TypeVar("T")
+T = TypeVar("T", covariant=True)  # only produced: a PerProcess[Redis] is a PerProcess[object]
 
 _PER_PROCESS: weakref.WeakSet[PerProcess[object]] = weakref.WeakSet()
 
@@ -38,7 +38,7 @@ class PerProcess(Generic[T]):
         self._lock = threading.Lock()
         self._pid = -1
         self._value: T | None = None
-        _PER_PROCESS.add(self)  # type: ignore[arg-type]
+        _PER_PROCESS.add(self)
 
     def get(self) -> T:
         """This process's value."""
@@ -81,7 +81,7 @@ def create_app(config: WebConfig | None = None) -> Flask:
 
 
 def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreamer],
-                probe: PerProcess[redis.Redis], gate: PerProcess[WorkerGate]) -> None:
+                probe: PerProcess[RedisClient], gate: PerProcess[WorkerGate]) -> None:
     keys = Keys(config.prefix)
 
     def check_workers() -> None:
@@ -96,7 +96,8 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
     @app.post("/predict")
     def predict() -> Response:
         try:
-            status, body, headers = 200, _predict(request, config, streamer.get(), check_workers), {}
+            headers: protocol.Headers = {}
+            status, body = 200, _predict(request, config, streamer.get(), check_workers)
         except Exception as exc:  # every failure becomes a JSON error with its status
             status, body, headers = protocol.error_reply(exc)
         metrics.count_response("/predict", status)

@@ -50,7 +50,8 @@ def create_app(config: WebConfig | None = None) -> Starlette:
 
     async def predict(request: Request) -> Response:
         try:
-            status, body, headers = 200, await _predict(request, config), {}
+            headers: protocol.Headers = {}
+            status, body = 200, await _predict(request, config)
         except Exception as exc:  # every failure becomes a JSON error with its status
             status, body, headers = protocol.error_reply(exc)
         metrics.count_response("/predict", status)

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rstreamer.connection import redacted
 from rstreamer.errors import ConfigError
 from rstreamer.keys import validate_prefix
-from rstreamer.settings import ClientSettings, WorkerSettings, redis_url_from_env
+from rstreamer.settings import DEFAULT_REDIS_URL, ClientSettings, EnvSettings, WorkerSettings
 
 logger = logging.getLogger("webapp")
 
@@ -18,18 +18,21 @@ DEFAULT_NO_WORKER_GRACE = 30.0
 
 
 @dataclass(frozen=True)
-class WebConfig:
+class WebConfig(EnvSettings):
     """What a web process needs: the broker, the prefix, call limits and the request-body limit.
 
-    ``client`` carries ``RSTREAMER_TIMEOUT`` and ``RSTREAMER_MAX_QUEUE``; ``dead_after`` is
-    the workers' liveness window, used by ``/readyz``. ``no_worker_grace``: seconds without a
-    live worker on the prefix after which ``/predict`` answers 503 at once.
-    ``prefix_from_default``: no prefix was configured, so ``default`` is used (logged loudly).
+    Each field comes from ``RSTREAMER_<FIELD>`` (``RSTREAMER_REDIS_URL``, ``RSTREAMER_PREFIX``,
+    ``RSTREAMER_MAX_BODY`` in bytes); ``client`` carries the call limits of ClientSettings
+    (``RSTREAMER_TIMEOUT``, ``RSTREAMER_MAX_QUEUE``...); ``dead_after`` is the workers'
+    liveness window (``RSTREAMER_DEAD_AFTER``, as the workers read it), used by ``/readyz``.
+    ``no_worker_grace`` (``RSTREAMER_NO_WORKER_GRACE``): seconds without a live worker on the
+    prefix after which ``/predict`` answers 503 at once. ``prefix_from_default``: no prefix was
+    configured, so ``default`` is used (logged loudly).
     """
 
-    redis_url: str
-    prefix: str
-    client: ClientSettings
+    redis_url: str = DEFAULT_REDIS_URL
+    prefix: str = ""
+    client: ClientSettings = field(default_factory=ClientSettings)
     max_body: int = DEFAULT_MAX_BODY
     dead_after: float = WorkerSettings.dead_after
     no_worker_grace: float = DEFAULT_NO_WORKER_GRACE
@@ -44,28 +47,10 @@ class WebConfig:
             raise ConfigError(f"no_worker_grace must be >= 0, got {self.no_worker_grace!r}")
 
     @classmethod
-    def from_env(cls) -> WebConfig:
-        """``RSTREAMER_REDIS_URL``, ``RSTREAMER_PREFIX``, ``RSTREAMER_TIMEOUT``, ``RSTREAMER_MAX_QUEUE``,
-        ``RSTREAMER_MAX_BODY`` (bytes), ``RSTREAMER_DEAD_AFTER`` and ``RSTREAMER_NO_WORKER_GRACE``
-        (seconds); raises ConfigError."""
-        raw_body = os.environ.get("RSTREAMER_MAX_BODY") or str(DEFAULT_MAX_BODY)
-        try:
-            max_body = int(raw_body)
-        except ValueError:
-            raise ConfigError(f"RSTREAMER_MAX_BODY={raw_body!r} is not a number of bytes") from None
-        raw_grace = os.environ.get("RSTREAMER_NO_WORKER_GRACE") or str(DEFAULT_NO_WORKER_GRACE)
-        try:
-            grace = float(raw_grace)
-        except ValueError:
-            raise ConfigError(f"RSTREAMER_NO_WORKER_GRACE={raw_grace!r} is not a number of seconds") from None
-        return cls(
-            redis_url=redis_url_from_env(),
-            prefix=os.environ.get("RSTREAMER_PREFIX", ""),
-            client=ClientSettings.from_env(),
-            max_body=max_body,
-            dead_after=WorkerSettings.from_env().dead_after,
-            no_worker_grace=grace,
-        )
+    def from_env(cls, **overrides: Any) -> WebConfig:
+        """The settings from the environment (see the class); raises ConfigError."""
+        derived = {"client": ClientSettings.from_env(), "dead_after": WorkerSettings.from_env().dead_after}
+        return super().from_env(**{**derived, **overrides})
 
     def announce(self, server: str) -> None:
         """Log where this web process sends its calls (password hidden), loudly if the prefix

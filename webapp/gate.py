@@ -27,7 +27,8 @@ class WorkerGate:
     """Whether a live worker serves ``prefix``, from heartbeats read at most once per ``interval``.
 
     ``grace``: seconds without a live worker before calls are refused (0: refuse as soon as none
-    is live; ``math.inf``: never refuse, calls queue for workers that start later). ``dead_after``: the workers' liveness window (a heartbeat older than this is dead).
+    is live; ``math.inf``: never refuse, calls queue for workers that start later).
+    ``dead_after``: the workers' liveness window (a heartbeat older than this is dead).
     """
 
     def __init__(self, prefix: str, dead_after: float, grace: float, interval: float = 1.0,

@@ -5,6 +5,7 @@ or through ``GUNICORN_CMD_ARGS``; the app itself reads ``RSTREAMER_*`` (docs/web
 """
 import os
 import sys
+from typing import Any
 
 wsgi_app = "webapp.app:create_app()"
 bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000")
@@ -23,14 +24,14 @@ keepalive = 5
 control_socket_disable = True
 
 
-def post_fork(server, worker):  # type: ignore[no-untyped-def]
+def post_fork(server: Any, worker: Any) -> None:  # gunicorn's Arbiter and Worker (untyped)
     """Each worker gets its own Redis clients, even when the app was built in the master (--preload)."""
     app_module = sys.modules.get("webapp.app")
     if app_module is not None:
         app_module.after_fork()
 
 
-def child_exit(server, worker):  # type: ignore[no-untyped-def]
+def child_exit(server: Any, worker: Any) -> None:
     """Drop a dead worker's live gauges from the multiprocess metrics directory."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess

@@ -105,7 +105,8 @@ def _to_json(value: Any) -> Any:
         return value.tolist()
     if isinstance(value, (set, frozenset)):  # the codec keeps sets; JSON has only arrays
         return list(value)
-    raise HTTPError(500, "UnserializableOutput", f"the model returned a {type(value).__name__}, which JSON cannot carry")
+    raise HTTPError(500, "UnserializableOutput",
+                    f"the model returned a {type(value).__name__}, which JSON cannot carry")
 
 
 def outputs_body(outputs: list[Any]) -> bytes:

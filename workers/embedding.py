@@ -115,7 +115,7 @@ class EmbeddingModel(ManagedModel):
             return 1
         return max(1, len(self.model.tokenizer(item, truncation=True)["input_ids"]))
 
-    def predict(self, batch: list[Any]) -> list[list[float]]:
+    def predict(self, batch: list[Any]) -> list[Any]:  # list[list[float]]; subclasses answer other shapes
         """One normalized 384-d embedding per input string, in order."""
         texts = check_texts(batch)
         return self.encode(texts).float().cpu().tolist()

@@ -39,7 +39,7 @@ def _check_item(i: int, item: Any) -> None:
 class SimilarityModel(EmbeddingModel):
     """Top-k semantic search over a bundled corpus (str items) and pairwise cosine ({"a", "b"} items)."""
 
-    def init_model(self, top_k: int = 3, device: str | None = None, torch_threads: int | None = None,
+    def init_model(self, device: str | None = None, torch_threads: int | None = None, *, top_k: int = 3,
                    corpus: str | Path | None = None) -> None:
         """Load the encoder and embed the corpus (``corpus`` file, default the bundled one) once."""
         if top_k < 1:
@@ -71,7 +71,8 @@ class SimilarityModel(EmbeddingModel):
                     # Embeddings are normalized, so the dot product is the cosine.
                     scores, idx = torch.topk(self.corpus_embeddings @ emb[row], self.top_k)
                     out.append({"query": item, "matches": [
-                        {"text": self.corpus[j], "score": s} for s, j in zip(scores.tolist(), idx.tolist())]})
+                        {"text": self.corpus[j], "score": s}
+                        for s, j in zip(scores.tolist(), idx.tolist(), strict=True)]})
                     row += 1
                 else:
                     out.append({"similarity": float(emb[row] @ emb[row + 1])})

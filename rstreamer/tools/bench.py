@@ -21,15 +21,17 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..connection import ping_broker
 from ..embedded import redis_url_or_embedded
+from ..liveness import fleet_totals, wait_for_live_workers
 from ..metrics import percentile
 from ..model import Predictor, load_predictor
+from .processes import stop_group
 
 LOAD_PAD = 0.5  # seconds of load before the measured window opens (queues fill, caches warm)
 # Calls that end less than BURST_GAP apart, within BURST_MAX of the first, were answered by one batch.
@@ -169,14 +171,18 @@ class Target:
         return self.call(batch, timeout)
 
 
-def _ours_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+Targets = Generator[tuple[str, Target], None, None]
+"""What a transport family yields: named targets; closing it stops their transports."""
+
+
+def _ours_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     from ..local import ThreadedStreamer
 
     with ThreadedStreamer(predict, args.batch_size, args.max_latency) as streamer:
         yield "threaded", Target(streamer.predict, lambda sent: (streamer.stats.batches, streamer.stats.items))
 
 
-def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     from ..local import Streamer
 
     streamer = Streamer(model.ref, args.batch_size, args.max_latency, worker_num=1,
@@ -199,33 +205,22 @@ def _ours_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespac
 
 def _heartbeat_totals(streamer: Any, sent: int, timeout: float = 5.0) -> tuple[int, int]:
     """(batches, items) of the prefix's workers, once their heartbeats count ``sent`` items."""
-    from ..liveness import read_workers
-
     deadline = time.monotonic() + timeout
     while True:
-        infos = read_workers(streamer.redis, streamer.keys)[1].values()
-        totals = sum(i["batches"] for i in infos), sum(i["items"] + i.get("expired", 0) for i in infos)
-        if totals[1] >= sent or time.monotonic() > deadline:
-            return totals
-        time.sleep(0.05)
-
-
-def _wait_workers(streamer: Any, count: int, timeout: float = 120.0) -> None:
-    from ..liveness import read_workers
-
-    deadline = time.monotonic() + timeout
-    while len(read_workers(streamer.redis, streamer.keys)[1]) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{count} workers did not start within {timeout:g}s")
+        batches, items, expired = fleet_totals(streamer.redis, streamer.keys)
+        if items + expired >= sent or time.monotonic() > deadline:
+            return batches, items + expired
         time.sleep(0.05)
 
 
 @contextlib.contextmanager
 def _supervised(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> Iterator[None]:
     """One supervised worker process in a thread of this process (as `rstreamer demo` runs them)."""
+    from ..settings import WorkerSettings
     from ..supervisor import Supervisor, WorkerSpec
 
-    spec = WorkerSpec(model.ref, args.batch_size, args.max_latency, url, prefix,
+    settings = WorkerSettings(batch_size=args.batch_size, max_latency=args.max_latency)
+    spec = WorkerSpec(model.ref, url, prefix, settings=settings,
                       init_kwargs=model.init_kwargs, log_level="WARNING")
     supervisor = Supervisor(spec, [None])
     thread = threading.Thread(target=supervisor.run, name="bench-supervisor", daemon=True)
@@ -237,7 +232,7 @@ def _supervised(url: str, prefix: str, model: ModelInfo, args: argparse.Namespac
         thread.join(timeout=60)
 
 
-def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     from ..client import RedisStreamer
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
@@ -245,7 +240,7 @@ def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) 
           contextlib.ExitStack() as workers):
         for count in (1, 2):
             workers.enter_context(_supervised(url, prefix, model, args))
-            _wait_workers(streamer, count)
+            wait_for_live_workers(streamer.redis, streamer.keys, count, timeout=120)
             yield f"redis-{count}", Target(
                 streamer.predict, lambda sent: _heartbeat_totals(streamer, sent),
                 ceiling="direct" if count == 1 else "direct-x2",
@@ -254,7 +249,7 @@ def _ours_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) 
 
 # service-streamer (the original package) ----------------------------------------------------
 
-def _ss_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ss_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     import service_streamer
 
     streamer = service_streamer.ThreadedStreamer(predict, args.batch_size, args.max_latency)
@@ -264,7 +259,7 @@ def _ss_threaded(model: ModelInfo, predict: Predictor, args: argparse.Namespace)
         streamer.destroy_workers()
 
 
-def _ss_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ss_streamer(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     import service_streamer
 
     streamer = service_streamer.Streamer(LazyPredict(model.ref, model.init_kwargs), args.batch_size,
@@ -301,7 +296,8 @@ class OriginalTransformer(_OriginalWorkerModel):
     model = "transformer"
 
 
-ORIGINAL_MODELS = {"noop": "rstreamer.tools.bench:OriginalEcho", "transformer": "rstreamer.tools.bench:OriginalTransformer"}
+ORIGINAL_MODELS = {
+    "noop": "rstreamer.tools.bench:OriginalEcho", "transformer": "rstreamer.tools.bench:OriginalTransformer"}
 
 
 def _ss_worker_process(url: str, prefix: str, model: ModelInfo, args: argparse.Namespace) -> subprocess.Popen[bytes]:
@@ -322,7 +318,7 @@ def _ss_worker_process(url: str, prefix: str, model: ModelInfo, args: argparse.N
     ready = threading.Event()
     threading.Thread(target=_watch_stderr, args=(process, ready), daemon=True).start()
     if not ready.wait(300):
-        _stop_group(process)
+        stop_group(process)
         raise RuntimeError("service-streamer worker did not load its model within 300s")
     return process
 
@@ -341,13 +337,7 @@ def _repo_root() -> str:
     return str(Path(workers.__file__).resolve().parent.parent)
 
 
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, 9)
-    process.wait(timeout=10)
-
-
-def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Iterator[tuple[str, Target]]:
+def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) -> Targets:
     import service_streamer
 
     # The original's queue and channel names are global to a Redis server; a fresh prefix keeps runs apart.
@@ -365,13 +355,13 @@ def _ss_redis(model: ModelInfo, predict: Predictor, args: argparse.Namespace) ->
                 )
         finally:
             for process in processes:
-                _stop_group(process)
+                stop_group(process)
 
 
-FAMILIES: dict[str, Callable[..., Iterator[tuple[str, Target]]]] = {
+FAMILIES: dict[str, Callable[..., Targets]] = {
     "threaded": _ours_threaded, "streamer": _ours_streamer, "redis": _ours_redis,
 }
-COMPARE_FAMILIES: dict[str, Callable[..., Iterator[tuple[str, Target]]]] = {
+COMPARE_FAMILIES: dict[str, Callable[..., Targets]] = {
     "threaded": _ss_threaded, "streamer": _ss_streamer, "redis": _ss_redis,
 }
 
@@ -629,7 +619,7 @@ def bench_model(model: ModelInfo, args: argparse.Namespace) -> list[Result]:
     return results
 
 
-def _families(args: argparse.Namespace) -> list[Callable[..., Iterator[tuple[str, Target]]]]:
+def _families(args: argparse.Namespace) -> list[Callable[..., Targets]]:
     families = [FAMILIES[name] for name in args.transports]
     if args.compare:
         families += [COMPARE_FAMILIES[name] for name in args.transports]
@@ -662,7 +652,8 @@ def format_table(results: Sequence[Result]) -> str:
     """The results as an aligned text table (latencies in ms)."""
     rows = [list(COLUMNS)] + [_row(r) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     bursts = [r for r in results if r.burst_callers]

@@ -96,17 +96,19 @@ def drive(call: Call, items: list[list[int]], callers: int, seconds: float, run:
     run.items_per_s = len(run.latencies) / elapsed
     run.tokens_per_s = tokens / elapsed
     run.padding_share = 1 - tokens / padded if padded else 0.0
-    run.p50_ms, run.p99_ms = (None if not run.latencies else percentile(run.latencies, q) * 1000 for q in (0.5, 0.99))
+    run.p50_ms, run.p99_ms = (_ms(percentile(run.latencies, q)) for q in (0.5, 0.99))
     return run
 
 
 # transports -----------------------------------------------------------------------------------
 
-Transport = Callable[[str, dict[str, Any], argparse.Namespace], contextlib.AbstractContextManager[tuple[Call, Callable[[], int | None]]]]
+Served = tuple[Call, Callable[[], int | None]]
+"""A call into the transport, and a function that reads its learned cost cap."""
+Transport = Callable[[str, dict[str, Any], argparse.Namespace], contextlib.AbstractContextManager[Served]]
 
 
 @contextlib.contextmanager
-def threaded(model: str, kwargs: dict[str, Any], args: argparse.Namespace) -> Iterator[tuple[Call, Callable[[], int | None]]]:
+def threaded(model: str, kwargs: dict[str, Any], args: argparse.Namespace) -> Iterator[Served]:
     """The model in a thread of this process (ThreadedStreamer)."""
     from ..local import ThreadedStreamer
     from ..model import load_predictor
@@ -121,7 +123,7 @@ def redis_workers(count: int) -> Transport:
     """``count`` supervised Redis worker processes behind a RedisStreamer."""
 
     @contextlib.contextmanager
-    def transport(model: str, kwargs: dict[str, Any], args: argparse.Namespace) -> Iterator[tuple[Call, Callable[[], int | None]]]:
+    def transport(model: str, kwargs: dict[str, Any], args: argparse.Namespace) -> Iterator[Served]:
         from ..client import RedisStreamer
         from ..liveness import wait_for_live_workers
         from ..settings import WorkerSettings
@@ -129,9 +131,9 @@ def redis_workers(count: int) -> Transport:
 
         prefix = f"bench-cost-{uuid.uuid4().hex[:8]}"
         budget = args.max_batch_cost if model == COST_MODEL else 0
-        settings = WorkerSettings.from_env(max_batch_cost=budget)
-        spec = WorkerSpec(model, args.batch_size, args.max_latency, args.url, prefix, init_kwargs=kwargs,
-                          settings=settings, log_level="WARNING")
+        settings = WorkerSettings.from_env(max_batch_cost=budget, batch_size=args.batch_size,
+                                           max_latency=args.max_latency)
+        spec = WorkerSpec(model, args.url, prefix, init_kwargs=kwargs, settings=settings, log_level="WARNING")
         supervisor = Supervisor(spec, [None] * count)
         thread = threading.Thread(target=supervisor.run, name="bench-cost-supervisor", daemon=True)
         thread.start()
@@ -146,11 +148,15 @@ def redis_workers(count: int) -> Transport:
     return transport
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
 def _learned_cap(streamer: Any) -> int | None:
     from ..liveness import read_workers
 
     _, workers = read_workers(streamer.redis, streamer.keys)
-    caps = [info.get("cost_cap") for info in workers.values() if info.get("cost_cap")]
+    caps: list[int] = [info["cost_cap"] for info in workers.values() if info.get("cost_cap")]
     return min(caps) if caps else None
 
 
@@ -177,7 +183,8 @@ def measure(name: str, policy: str, args: argparse.Namespace, items: list[list[i
 def format_table(runs: Sequence[Run]) -> str:
     """The runs side by side, with each cost run's ratio to the count-only run of its transport."""
     count = {run.transport: run for run in runs if run.policy == "count"}
-    header = ("transport", "batching", "items/s", "tokens/s", "vs count", "padding", "p50 ms", "p99 ms", "failed", "cap")
+    header = ("transport", "batching", "items/s", "tokens/s", "vs count", "padding", "p50 ms", "p99 ms", "failed",
+              "cap")
     rows = [header]
     for run in runs:
         base = count.get(run.transport)
@@ -186,7 +193,7 @@ def format_table(runs: Sequence[Run]) -> str:
                      f"{run.padding_share:.0%}", f"{run.p50_ms or 0:,.0f}", f"{run.p99_ms or 0:,.0f}", str(run.failed),
                      str(run.learned_cap or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows)
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

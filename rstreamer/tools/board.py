@@ -65,7 +65,7 @@ def render(board: dict[str, Any], series: list[list[tuple[str, list[float], list
     figure = plt.figure(figsize=(16, rows * 0.42), facecolor="#111217")
     grid = figure.add_gridspec(rows, GRID_COLUMNS, hspace=1.4, wspace=2.5, top=0.95, bottom=0.04, left=0.04,
                                right=0.98)
-    for panel, lines in zip(board["panels"], series):
+    for panel, lines in zip(board["panels"], series, strict=True):
         pos = panel["gridPos"]
         axes = figure.add_subplot(grid[pos["y"]:pos["y"] + pos["h"] - 1, pos["x"]:pos["x"] + pos["w"]])
         axes.set_facecolor("#181b1f")

@@ -21,17 +21,15 @@ from typing import Any
 
 import redis
 
+from workers.echo import echo_predict
+
 from .. import RedisStreamer, RedisWorker
 from ..embedded import EmbeddedRedis
 from ..settings import WorkerSettings
 
 
-def echo(batch: list[Any]) -> list[Any]:
-    return list(batch)
-
-
 def run_worker(url: str, prefix: str, batch_size: int) -> None:
-    RedisWorker(echo, batch_size, 0.005, url, prefix, settings=WorkerSettings()).run_forever()
+    RedisWorker(echo_predict, batch_size, 0.005, url, prefix, settings=WorkerSettings()).run_forever()
 
 
 def run_client(url: str, prefix: str, threads: int, items_per_call: int, payload: int, seconds: float,

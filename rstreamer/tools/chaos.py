@@ -104,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"chaos-{uuid.uuid4().hex[:8]}"
     tally, stop, numbers = Tally(), threading.Event(), itertools.count()
     with redis_url_or_embedded() as url:
-        spec = WorkerSpec(f"{__name__}:ChaosModel", 32, 0.01, url, prefix, settings=WorkerSettings(),
-                          log_level="ERROR")
+        settings = WorkerSettings(batch_size=32, max_latency=0.01)
+        spec = WorkerSpec(f"{__name__}:ChaosModel", url, prefix, settings=settings, log_level="ERROR")
         # Kills are the point here, so they must not count as a crash loop.
         supervisor = Supervisor(spec, [None] * args.workers, max_restarts=10**9, restart_window=1.0)
         with supervising(supervisor), RedisStreamer(url, prefix) as streamer:
             wait_for_live_workers(streamer.redis, streamer.keys, args.workers, timeout=120)
-            threads = [threading.Thread(target=load, args=(streamer, numbers, stop, tally)) for _ in range(args.threads)]
+            threads = [threading.Thread(target=load, args=(streamer, numbers, stop, tally))
+                       for _ in range(args.threads)]
             threads.append(threading.Thread(target=kill_randomly, args=(supervisor, args.kill_every, stop, tally)))
             started = time.monotonic()
             for thread in threads:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import shutil
 import signal
@@ -25,6 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,60 +33,20 @@ import redis
 from .. import metrics
 from ..embedded import free_port, redis_url_or_embedded
 from ..keys import Keys
-from ..liveness import live_workers, read_workers
-from ..settings import WorkerSettings
+from ..liveness import fleet_totals, wait_for_live_workers
+from ..settings import PREFIX_ENV, REDIS_URL_ENV
+from .processes import stop_group
+from .sentences import SENTENCES, TRIPLES, cosine
 
 MODEL = "workers.embedding:EmbeddingModel"
 STARTUP_TIMEOUT = 90.0
 
-# (anchor, paraphrase, unrelated): a sound sentence embedding puts the paraphrase closer.
-TRIPLES = (
-    ("A man is playing a guitar.", "Someone is strumming an instrument.", "The stock market fell sharply today."),
-    ("The cat is sleeping on the sofa.", "A kitten naps on the couch.", "Interest rates rose again this quarter."),
-    ("It is raining heavily outside.", "There is a downpour out there.", "She wrote a script to parse the logs."),
-    ("How do I cook pasta?", "What is the best way to boil spaghetti?", "The train to Berlin leaves at noon."),
-    ("The meeting was moved to Friday.", "They rescheduled the meeting for Friday.", "Penguins live in the south."),
-    ("My laptop will not turn on.", "The computer does not start.", "We planted tomatoes in the garden."),
-    ("He runs five kilometres every morning.", "Each day he jogs 5 km at dawn.", "The museum opens at nine."),
-    ("The flight was delayed by two hours.", "Our plane took off two hours late.", "This soup needs more salt."),
-    ("Children are playing football in the park.", "Kids kick a ball around the park.",
-     "The contract expires next year."),
-    ("The doctor prescribed antibiotics.", "The physician gave her a course of antibiotics.",
-     "The band released a new album."),
-    ("I forgot my password.", "I cannot remember my login password.", "The river flooded the valley."),
-    ("The shop closes at six.", "The store shuts at 6 pm.", "Quantum computers use qubits."),
-    ("A woman is slicing an onion.", "Someone is cutting an onion with a knife.", "A plane is landing at night."),
-    ("The baby is crying loudly.", "The infant will not stop wailing.", "Bitcoin prices are volatile."),
-    ("Please turn off the lights.", "Switch the lamps off, please.", "The election results were announced."),
-    ("The car needs new tyres.", "The vehicle's tires must be replaced.", "Bees make honey from nectar."),
-    ("She is learning to speak Spanish.", "She studies the Spanish language.", "The bridge was painted red."),
-    ("The hotel room was very clean.", "Our room at the hotel was spotless.", "The server crashed overnight."),
-    ("Add two cups of flour to the bowl.", "Put 2 cups of flour in the mixing bowl.", "The goalkeeper saved a penalty."),
-    ("The company hired fifty new engineers.", "Fifty engineers joined the firm.", "The moon orbits the Earth."),
-)
-
-SENTENCES = tuple(sentence for triple in TRIPLES for sentence in triple)
 
 
 # processes ---------------------------------------------------------------------------------
 
 # Set by a second Ctrl-C: stop every process group at once instead of waiting for its drain.
 FORCED = threading.Event()
-
-
-def _stop_group(process: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds (at
-    once after a second Ctrl-C)."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while process.poll() is None and time.monotonic() < deadline and not FORCED.wait(0.1):
-            pass
-    # Children of a drained leader may linger: the group goes down whatever the leader did.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 @contextlib.contextmanager
@@ -98,7 +58,7 @@ def group_process(command: list[str], log: IO[bytes], env: dict[str, str], cwd: 
     try:
         yield process
     finally:
-        _stop_group(process, grace)
+        stop_group(process, grace, FORCED)
 
 
 def _script(name: str, module: str, function: str) -> list[str]:
@@ -110,7 +70,7 @@ def _script(name: str, module: str, function: str) -> list[str]:
 
 
 def _child_env(url: str, prefix: str) -> dict[str, str]:
-    env = dict(os.environ, RSTREAMER_REDIS_URL=url, RSTREAMER_PREFIX=prefix)
+    env = {**os.environ, REDIS_URL_ENV: url, PREFIX_ENV: prefix}
     # Two workers, gunicorn and the clients share the cores: one thread per model is faster.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -139,6 +99,11 @@ def web_command(port: int, web_workers: int) -> list[str]:
             "--bind", f"127.0.0.1:{port}", "--workers", str(web_workers), "--threads", "16"]
 
 
+def _program(process: subprocess.Popen[bytes]) -> str:
+    args = process.args
+    return str(args[0] if isinstance(args, (list, tuple)) else args)
+
+
 def wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], timeout: float = STARTUP_TIMEOUT) -> None:
     """Poll ``/readyz`` (Redis up and a worker alive) until 200; fail early if a process died."""
     import httpx
@@ -148,7 +113,7 @@ def wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], timeout:
         while True:
             for process in processes:
                 if process.poll() is not None:
-                    raise SystemExit(f"rstreamer demo: {process.args[0]} exited with {process.returncode}")
+                    raise SystemExit(f"rstreamer demo: {_program(process)} exited with {process.returncode}")
             with contextlib.suppress(httpx.TransportError):
                 if client.get("/readyz").status_code == 200:
                     return
@@ -158,12 +123,10 @@ def wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], timeout:
 
 
 def wait_for_workers(client: redis.Redis, keys: Keys, count: int, timeout: float = STARTUP_TIMEOUT) -> None:
-    dead_after_ms = int(WorkerSettings().dead_after * 1000)
-    deadline = time.monotonic() + timeout
-    while len(live_workers(*read_workers(client, keys), dead_after_ms)) < count:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"rstreamer demo: {count} workers did not start within {timeout:g}s")
-        time.sleep(0.1)
+    try:
+        wait_for_live_workers(client, keys, count, timeout)
+    except TimeoutError as exc:
+        raise SystemExit(f"rstreamer demo: {exc}") from None
 
 
 # load ----------------------------------------------------------------------------------------
@@ -217,8 +180,8 @@ class BatchSampler:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def totals(self) -> tuple[int, int]:
-        infos = read_workers(self.client, self.keys)[1].values()
-        return sum(i.get("batches", 0) for i in infos), sum(i.get("items", 0) for i in infos)
+        batches, items, _ = fleet_totals(self.client, self.keys)
+        return batches, items
 
     def run(self, t0: float) -> None:
         while not self._stop.wait(self.interval):
@@ -236,11 +199,6 @@ class BatchSampler:
 
 
 # checks and report -----------------------------------------------------------------------------
-
-def cosine(u: list[float], v: list[float]) -> float:
-    dot = sum(a * b for a, b in zip(u, v))
-    return dot / (math.sqrt(sum(a * a for a in u)) * math.sqrt(sum(b * b for b in v)) or 1.0)
-
 
 def check_meaning(samples: list[Sample]) -> tuple[int, int, int]:
     """(triples whose paraphrase is closer than the unrelated sentence, triples checked, inconsistent repeats)."""
@@ -267,7 +225,7 @@ def percentile(values: list[float], q: float) -> float:
 def batch_series(points: list[tuple[float, int, int]]) -> list[tuple[float, float]]:
     """(seconds, mean batch size of the batches run since the previous point)."""
     series = []
-    for (_, b0, i0), (t1, b1, i1) in zip(points, points[1:]):
+    for (_, b0, i0), (t1, b1, i1) in pairwise(points):
         if b1 > b0:
             series.append((t1, (i1 - i0) / (b1 - b0)))
     return series

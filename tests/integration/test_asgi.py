@@ -6,7 +6,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rstreamer.keys import Keys
 from support.procs import wait_until
-from support.web import web  # noqa: F401  (web is a fixture)
 from workers.similarity import load_corpus
 
 # Topic slices of workers/data/corpus.txt.

@@ -15,7 +15,7 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
-from support.sentences import TRIPLES, cosine
+from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
 
 
 def run(coroutine):
@@ -148,13 +148,13 @@ def test_redis_down_is_broker_unavailable_then_recovers(redis_server, redis_url,
 def test_embeddings_have_meaning(redis_url, prefix, workers):
     workers.start(prefix, model="workers.embedding:EmbeddingModel", init_kwargs={"torch_threads": 1},
                   batch_size=32, max_latency=0.01)
-    sentences = [sentence for triple in TRIPLES for sentence in triple]
+    sentences = list(SENTENCES)
 
     async def scenario():
         async with AsyncRedisStreamer(redis_url, prefix) as streamer:
             return await asyncio.gather(*(streamer.predict([s]) for s in sentences))
 
-    vectors = {s: out[0] for s, out in zip(sentences, run(scenario()))}
+    vectors = {s: out[0] for s, out in zip(sentences, run(scenario()), strict=True)}
     for anchor, paraphrase, unrelated in TRIPLES:
         close, far = cosine(vectors[anchor], vectors[paraphrase]), cosine(vectors[anchor], vectors[unrelated])
         assert close > far + 0.1, (anchor, close, far)

@@ -17,8 +17,8 @@ import redis
 
 from rstreamer import AsyncRedisStreamer, BrokerUnavailable, Overloaded, RedisStreamer, RemoteError, StreamerTimeout
 from rstreamer.calls import SOCKET_TIMEOUT
-from rstreamer.codec import unpackb
 from rstreamer.coalescer import Coalescer
+from rstreamer.codec import unpackb
 from rstreamer.embedded import EmbeddedRedis
 from rstreamer.errors import RStreamerError
 from support.procs import wait_until
@@ -89,7 +89,7 @@ def test_sync_calls_return_within_their_timeout_while_redis_is_stalled(private_r
         wait_until(lambda: _blpop_clients(client), what="the first call in BLPOP")
         _signal(private_redis, signal.SIGSTOP)
         for n in range(4):  # concurrent: coalesced into ENQUEUEs that Redis never answers
-            calls.start(f"predict during the stall {n}", lambda: streamer.predict([n]))
+            calls.start(f"predict during the stall {n}", lambda n=n: streamer.predict([n]))
         calls.start("submit during the stall", lambda: streamer.submit([9]).result())
         results = calls.join(timeout + 10)
     finally:
@@ -196,22 +196,6 @@ def test_a_full_redis_answers_overloaded_at_once_async(private_redis, prefix):
 
 
 # issue 10 #2 (client side): one undecodable reply message ---------------------------------------
-
-
-@pytest.fixture
-def held_first_send(monkeypatch):
-    """Hold the first ENQUEUE back 0.3 s, so that the calls made meanwhile share the next one."""
-    sends: list[int] = []
-    original = Coalescer._send
-
-    def slow_first_send(self, taken):
-        sends.append(len(taken))
-        if len(sends) == 1:
-            time.sleep(0.3)
-        return original(self, taken)
-
-    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
-    return sends
 
 
 def _coalesced_calls(streamer: RedisStreamer, redis_client: redis.Redis, payloads: list[str],

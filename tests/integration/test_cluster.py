@@ -18,8 +18,8 @@ from redis.cluster import RedisCluster
 from rstreamer import AsyncRedisStreamer, RedisStreamer
 from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
-from support.cluster import LocalCluster
 from support import procs
+from support.cluster import LocalCluster
 from support.procs import ROOT, WorkerProcesses, wait_until
 
 pytestmark = pytest.mark.integration
@@ -153,11 +153,11 @@ def run_status(url: str, *args: str) -> str:
 
 def test_web_apps_serve_and_report_ready_from_the_cluster(cluster, prefix, cluster_workers):
     from starlette.testclient import TestClient
+
+    from rstreamer.settings import ClientSettings
     from webapp import app as flask_app
     from webapp import asgi
     from webapp.config import WebConfig
-
-    from rstreamer.settings import ClientSettings
 
     cluster_workers.start(prefix)
     config = WebConfig(cluster.url, prefix, ClientSettings(timeout=10))

@@ -11,27 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rstreamer import ClientSettings, RedisStreamer
-from rstreamer.coalescer import Coalescer
 from rstreamer.errors import Overloaded, StreamerTimeout
 
 
-@pytest.fixture
-def sends(monkeypatch):
-    """Record the calls of each ENQUEUE_CALLS; the first one is held back 0.3 s so that others pile up."""
-    record: list[int] = []
-    original = Coalescer._send
-
-    def slow_first_send(self, taken):
-        record.append(len(taken))
-        if len(record) == 1:
-            time.sleep(0.3)
-        return original(self, taken)
-
-    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
-    return record
-
-
-def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, prefix, workers, sends):
+def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, prefix, workers, held_first_send):
     workers.start(prefix, batch_size=64, max_latency=0.01)
     with RedisStreamer(redis_url, prefix) as streamer:
         def call(n: int) -> list[int]:
@@ -40,11 +23,11 @@ def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, 
         with ThreadPoolExecutor(48) as pool:
             outputs = list(pool.map(call, range(480)))
     assert outputs == [[2 * n] * (1 + n % 3) for n in range(480)]
-    assert max(sends) > 1, "no calls were coalesced"
-    assert sum(sends) == 480 and len(sends) < 480
+    assert max(held_first_send) > 1, "no calls were coalesced"
+    assert sum(held_first_send) == 480 and len(held_first_send) < 480
 
 
-def test_each_coalesced_call_keeps_its_own_deadline(redis_client, redis_url, prefix, sends):
+def test_each_coalesced_call_keeps_its_own_deadline(redis_client, redis_url, prefix, held_first_send):
     with RedisStreamer(redis_url, prefix) as streamer:
         timeouts = [5.0, 7.0, 9.0]
         threads = [threading.Thread(target=streamer.submit, args=([t], t)) for t in timeouts]
@@ -56,13 +39,13 @@ def test_each_coalesced_call_keeps_its_own_deadline(redis_client, redis_url, pre
         entries = redis_client.xrange(streamer.keys.requests)
         by_payload = {fields[b"p"]: fields for _, fields in entries}
         deadlines = sorted(int(fields[b"d"]) for fields in by_payload.values())
-        assert sends == [1, 2]
+        assert held_first_send == [1, 2]
         assert deadlines[1] - deadlines[0] == pytest.approx(2000, abs=200)
         assert deadlines[2] - deadlines[1] == pytest.approx(2000, abs=200)
         streamer.redis.delete(streamer.keys.requests)
 
 
-def test_overload_is_exact_inside_a_coalesced_enqueue(redis_url, prefix, sends):
+def test_overload_is_exact_inside_a_coalesced_enqueue(redis_url, prefix, held_first_send):
     settings = ClientSettings(max_queue=10, timeout=5)
     with RedisStreamer(redis_url, prefix, settings=settings) as streamer:
         outcome = Counter()
@@ -77,11 +60,12 @@ def test_overload_is_exact_inside_a_coalesced_enqueue(redis_url, prefix, sends):
         with ThreadPoolExecutor(30) as pool:
             list(pool.map(submit_one, range(30)))
         assert outcome == Counter(accepted=10, refused=20)
-        assert max(sends) > 10, "the test meant to refuse calls inside one ENQUEUE"
+        assert max(held_first_send) > 10, "the test meant to refuse calls inside one ENQUEUE"
         streamer.redis.delete(streamer.keys.requests)
 
 
-def test_calls_that_time_out_before_or_after_their_enqueue_leave_no_reply_key(redis_client, redis_url, prefix, sends):
+def test_calls_that_time_out_before_or_after_their_enqueue_leave_no_reply_key(redis_client, redis_url, prefix,
+                                                                               held_first_send):
     with RedisStreamer(redis_url, prefix) as streamer:
         late = []
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,9 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-# The one line a service-streamer user changes.
 from rstreamer import ManagedModel, RedisStreamer, RedisWorker, Streamer, ThreadedStreamer, run_redis_workers_forever
 from rstreamer.embedded import free_port
+
+# The one line a service-streamer user changes.
+from rstreamer.tools.processes import stop_group
 from support.models import Affine, Doubler, double
 from support.procs import live_pids, wait_for_workers, wait_until
 from support.procs import test_env as child_env
@@ -155,12 +156,7 @@ def _run_script(directory: Path, source: str, *args: str) -> subprocess.Popen[st
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=10)
+    stop_group(proc)
     if proc.stdout is not None:
         proc.stdout.close()
 

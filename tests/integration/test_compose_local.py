@@ -16,7 +16,8 @@ import yaml
 
 from rstreamer.embedded import free_port
 from rstreamer.keys import Keys
-from support.procs import ROOT, test_env as procs_env, wait_for_workers, wait_until
+from support.procs import ROOT, wait_for_workers, wait_until
+from support.procs import test_env as procs_env
 
 pytestmark = pytest.mark.integration
 

@@ -38,7 +38,7 @@ def test_every_batch_respects_the_budget_and_similar_lengths_batch_together(redi
     with RedisStreamer(redis_url, prefix) as streamer:
         answers = call_all(streamer, items)
     assert [length for length, _, _ in answers] == [len(item) for item in items]
-    for length, padded, size in answers:
+    for _length, padded, size in answers:
         assert size == 1 or padded <= 600
     assert max(size for _, _, size in answers) > 1  # batches did form
 

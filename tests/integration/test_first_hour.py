@@ -25,7 +25,8 @@ BIN = Path(sys.executable).parent
 FAST = {"RSTREAMER_HEARTBEAT_INTERVAL": "0.2", "RSTREAMER_DEAD_AFTER": "1.0", "RSTREAMER_LOG_INTERVAL": "0"}
 
 
-def run(command: list[str], cwd: Path | None = None, timeout: float = 20, **env: str) -> subprocess.CompletedProcess[str]:
+def run(command: list[str], cwd: Path | None = None, timeout: float = 20,
+        **env: str) -> subprocess.CompletedProcess[str]:
     """Run a command to its end; a command that hangs fails the test through TimeoutExpired."""
     return subprocess.run(command, cwd=cwd or procs.ROOT, env={**procs.test_env(), **FAST, **env},
                           capture_output=True, text=True, timeout=timeout, start_new_session=True)

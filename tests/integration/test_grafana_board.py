@@ -98,7 +98,7 @@ def test_every_panel_has_data_from_a_real_fleet(redis_url, redis_client, prefix,
     finally:
         server.shutdown()
         server.server_close()
-    empty = [panel["title"] for panel, lines in zip(layout["panels"], series) if not lines]
+    empty = [panel["title"] for panel, lines in zip(layout["panels"], series, strict=True) if not lines]
     out = ARTIFACTS / request.node.name / "grafana-board.png"
     board.render(layout, series, out)
     assert not empty, f"panels without data: {empty} (logs in {tmp_path})"
@@ -116,8 +116,8 @@ def run_load(redis_url: str, redis_client, prefix: str, client: ClientMetrics) -
         wait_seconds(10)
         for thread in heavy:
             thread.start()
-        entry = {k: v for k, v in redis_client.xrange(Keys(prefix).requests, count=1)[0][1].items() if k not in (DEADLINE, REMAINING)} \
-            if redis_client.xlen(Keys(prefix).requests) else None
+        first = redis_client.xrange(Keys(prefix).requests, count=1)
+        entry = {k: v for k, v in first[0][1].items() if k not in (DEADLINE, REMAINING)} if first else None
         if entry:
             redis_client.xadd(Keys(prefix).requests, entry)  # no deadline: a worker dead-letters it
         wait_seconds(10)

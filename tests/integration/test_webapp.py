@@ -10,11 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rstreamer.keys import Keys
+from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
 from support import procs
 from support.procs import wait_until
 from support.system import debian_tool
-from support.sentences import TRIPLES, cosine
-from support.web import web  # noqa: F401  (web is a fixture)
 
 
 def test_json_and_form_inputs_under_concurrency(redis_url, prefix, workers, web):
@@ -48,11 +47,11 @@ def test_embeddings_through_the_web_app_have_meaning(redis_url, prefix, workers,
     workers.start(prefix, model="workers.embedding:EmbeddingModel", init_kwargs={"torch_threads": 1},
                   batch_size=32, max_latency=0.01)
     server = web.gunicorn(prefix)
-    sentences = [sentence for triple in TRIPLES for sentence in triple]
+    sentences = list(SENTENCES)
     with ThreadPoolExecutor(12) as pool:
         responses = list(pool.map(lambda s: server.predict([s]), sentences))
     assert [r.status_code for r in responses] == [200] * len(sentences)
-    vectors = dict(zip(sentences, (r.json()["outputs"][0] for r in responses)))
+    vectors = dict(zip(sentences, (r.json()["outputs"][0] for r in responses), strict=True))
     assert all(len(v) == 384 for v in vectors.values())
     for anchor, paraphrase, unrelated in TRIPLES:
         close, far = cosine(vectors[anchor], vectors[paraphrase]), cosine(vectors[anchor], vectors[unrelated])

@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import msgpack
 import pytest
 
-from rstreamer import ClientSettings, RedisStreamer, WorkerSettings, codec
-from rstreamer.client import Coalescer
+from rstreamer import ClientSettings, RedisStreamer, codec
 from rstreamer.batching import Outcome
 from rstreamer.connection import ensure_group
 from rstreamer.errors import Overloaded, RemoteError, StreamerTimeout
@@ -27,7 +26,6 @@ from rstreamer.messages import unpack_results
 from support import procs
 from support.procs import TESTS, wait_for_workers, wait_until
 from support.system import debian_tool
-
 
 
 def libfaketime() -> str:
@@ -42,7 +40,8 @@ def libfaketime() -> str:
 
 
 def _libfaketime_paths() -> list[str]:
-    return sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1") + glob.glob("/usr/lib*/faketime/libfaketimeMT.so.1"))
+    return sorted(
+        glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1") + glob.glob("/usr/lib*/faketime/libfaketimeMT.so.1"))
 
 
 def start_skewed_worker(workers, prefix: str, skew_s: int) -> None:
@@ -195,23 +194,8 @@ def test_stream_entries_carry_the_version_and_a_timeout_relative_to_the_entry_id
 
 # one undecodable output fails only its item (issue 10 #2) --------------------------------------
 
-@pytest.fixture
-def sends(monkeypatch):
-    """The first ENQUEUE_CALLS is held back 0.3 s so that the next calls pile up and coalesce."""
-    record: list[int] = []
-    original = Coalescer._send
-
-    def slow_first_send(self, taken):
-        record.append(len(taken))
-        if len(record) == 1:
-            time.sleep(0.3)
-        return original(self, taken)
-
-    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
-    return record
-
-
-def test_an_undecodable_output_does_not_cost_coalesced_callers_their_answers(redis_url, prefix, workers, sends):
+def test_an_undecodable_output_does_not_cost_coalesced_callers_their_answers(redis_url, prefix, workers,
+                                                                             held_first_send):
     workers.start(prefix, model="support.models:echo_outputs", batch_size=8, max_latency=0.05)
     results: dict[str, object] = {}
     with RedisStreamer(redis_url, prefix, timeout=6) as streamer:
@@ -224,9 +208,9 @@ def test_an_undecodable_output_does_not_cost_coalesced_callers_their_answers(red
         threads = [threading.Thread(target=call, args=(item,)) for item in ("warm-up", "tuple-key", "good", "fine")]
         for thread in threads:
             thread.start()
-            wait_until(lambda: sends, what="the first ENQUEUE")
+            wait_until(lambda: held_first_send, what="the first ENQUEUE")
         for thread in threads:
             thread.join()
-    assert max(sends) > 1, f"the calls were not coalesced: {sends}"
+    assert max(held_first_send) > 1, f"the calls were not coalesced: {held_first_send}"
     assert results["good"] == ["good"] and results["fine"] == ["fine"] and results["warm-up"] == ["warm-up"]
     assert isinstance(results["tuple-key"], RemoteError) and "decode" in str(results["tuple-key"])

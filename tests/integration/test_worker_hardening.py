@@ -249,7 +249,8 @@ def test_gpus_that_torch_does_not_see_are_reported_at_start(redis_url, prefix, c
     from rstreamer.supervisor import Supervisor, WorkerSpec
 
     visible = cuda_device_count()
-    supervisor = Supervisor(WorkerSpec("support.models:Doubler", 1, 0.01, redis_url, prefix), [0, visible + 7])
+    supervisor = Supervisor(WorkerSpec("support.models:Doubler", redis_url, prefix,
+                                     settings=WorkerSettings(batch_size=1, max_latency=0.01)), [0, visible + 7])
     with caplog.at_level("ERROR"):
         # No GPU at all: the workers run on the CPU, said loudly; some GPUs: refuse to start.
         assert supervisor._gpus_exist() is (visible == 0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+
 import redis
 
 from support.servers import ServerProcess, free_port, wait_for
@@ -31,7 +32,8 @@ class LocalCluster:
                 self.nodes.append(self._start_node(index))
             self._create()
             for node in self.nodes:
-                wait_for(lambda node=node: _cluster_ok(node.port, self.masters), 30, f"cluster state of node {node.port}")
+                wait_for(lambda node=node: _cluster_ok(node.port, self.masters), 30,
+                         f"cluster state of node {node.port}")
         except BaseException:
             self.close()
             raise

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import Any
 from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
+from rstreamer.tools.processes import stop_group
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -62,12 +62,7 @@ class WorkerProcesses:
 
     def stop_all(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.wait(timeout=10)
+            stop_group(proc)
 
 
 def live_pids(url: str, prefix: str) -> set[int]:
@@ -80,7 +75,8 @@ def live_pids(url: str, prefix: str) -> set[int]:
     return {int(info["pid"]) for info in workers.values()}
 
 
-def wait_for_workers(url: str, prefix: str, pids: set[int] | None = None, count: int = 1, timeout: float = 60.0) -> None:
+def wait_for_workers(url: str, prefix: str, pids: set[int] | None = None, count: int = 1,
+                     timeout: float = 60.0) -> None:
     """Wait until the given pids (or ``count`` workers) heart-beat on ``prefix``."""
     def ready() -> bool:
         live = live_pids(url, prefix)

@@ -16,9 +16,9 @@ def main() -> None:
     if spec.get("supervised"):
         from rstreamer.supervisor import Supervisor, WorkerSpec
 
-        worker_spec = WorkerSpec(spec["model"], spec.get("batch_size", 16), spec.get("max_latency", 0.02),
-                                 spec["url"], spec["prefix"], init_kwargs=spec.get("init_kwargs"),
-                                 settings=settings, log_level=spec.get("log_level", "WARNING"))
+        batching = settings.replace(batch_size=spec.get("batch_size", 16), max_latency=spec.get("max_latency", 0.02))
+        worker_spec = WorkerSpec(spec["model"], spec["url"], spec["prefix"], init_kwargs=spec.get("init_kwargs"),
+                                 settings=batching, log_level=spec.get("log_level", "WARNING"))
         raise SystemExit(Supervisor(worker_spec, [None] * spec["supervised"]).run())
     worker = RedisWorker(
         spec["model"], spec.get("batch_size", 16), spec.get("max_latency", 0.02), spec["url"], spec["prefix"],

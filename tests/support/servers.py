@@ -15,7 +15,8 @@ from rstreamer.embedded import find_server_binary, free_port
 __all__ = ["ServerProcess", "free_port", "wait_for"]
 
 
-def wait_for(ready: Callable[[], object], timeout: float, what: str, alive: Callable[[], bool] = lambda: True) -> object:
+def wait_for(ready: Callable[[], object], timeout: float, what: str,
+             alive: Callable[[], bool] = lambda: True) -> object:
     """Poll ``ready`` (exceptions count as not ready) until it returns something truthy."""
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None

@@ -1,13 +1,10 @@
 """Start real web servers (gunicorn, uvicorn, uwsgi) for the webapp tests; every one is killed at teardown."""
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import httpx
 import pytest
 
 from rstreamer.embedded import free_port
+from rstreamer.tools.processes import stop_group
 from support.procs import ROOT, test_env, wait_until
 
 BIN = Path(sys.executable).parent
@@ -93,18 +91,5 @@ class WebServers:
     def stop_all(self) -> None:
         for server in self.servers:
             server.client.close()
-            if server.process.poll() is None:
-                try:
-                    os.killpg(server.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            server.process.wait(timeout=10)
+            stop_group(server.process)
         shutil.rmtree(self._logs, ignore_errors=True)
-
-
-@pytest.fixture
-def web(redis_url: str) -> Iterator[WebServers]:
-    """Start web servers with ``web.gunicorn(prefix, RSTREAMER_TIMEOUT="1")``; all killed at teardown."""
-    factory = WebServers(redis_url)
-    yield factory
-    factory.stop_all()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_batching import FakeClock, ScriptedSource
 
 from rstreamer.batching import BatchHint, BatchPolicy, BatchStats, answer_batch, collect_batch
 from rstreamer.errors import ConfigError
-from test_batching import FakeClock, ScriptedSource
 
 
 def collect(arrivals, policy, hint, first_wait=1.0):

@@ -272,7 +272,8 @@ def test_answer_batch_runs_live_items_and_answers_expired_ones_with_a_timeout():
 
     results = answer_batch(predict, [live_a, expired, live_b, at_deadline], BatchStats(), now=now)
     assert seen == [[1, 3]]
-    assert [(item, outcome.ok, outcome.value) for item, outcome in results[:2]] == [(live_a, True, 2), (live_b, True, 6)]
+    answered = [(item, outcome.ok, outcome.value) for item, outcome in results[:2]]
+    assert answered == [(live_a, True, 2), (live_b, True, 6)]
     assert [item for item, _ in results[2:]] == [expired, at_deadline]
     for _, outcome in results[2:]:
         assert outcome is EXPIRED

@@ -9,9 +9,9 @@ from argparse import Namespace
 
 import pytest
 
+from rstreamer.local import ThreadedStreamer
 from rstreamer.tools import bench
 from rstreamer.tools.bench import MODELS, Result, Target
-from rstreamer.local import ThreadedStreamer
 from workers.echo import echo_predict
 
 
@@ -113,7 +113,7 @@ def test_transformer_model_is_deterministic_and_offline():
     batch = [example_item(n) for n in range(3)]
     outputs = first.predict(batch)
     assert len(outputs) == 3 and outputs[0].shape == (256,)
-    assert all((a == b).all() for a, b in zip(outputs, second.predict(batch)))
+    assert all((a == b).all() for a, b in zip(outputs, second.predict(batch), strict=True))
 
 
 def test_rate_counts_whole_batch_cycles_not_where_the_window_cuts_them():

@@ -81,7 +81,7 @@ def test_build_worker_spec():
     args = parse(["--redis", "127.0.0.1:7000", "--init-kwargs", '{"delay": 0.1}', "--metrics-port", "9100",
                   "--batch-size", "4", *BASE])
     spec = cli.build_worker_spec(args)
-    assert (spec.redis_url, spec.prefix, spec.model, spec.batch_size) == (
+    assert (spec.redis_url, spec.prefix, spec.model, spec.settings.batch_size) == (
         "redis://127.0.0.1:7000/0", "p", "support.models:Doubler", 4)
     assert (spec.init_args, spec.init_kwargs, spec.metrics_port, spec.log_level) == (None, {"delay": 0.1}, 9100, "INFO")
 

@@ -1,8 +1,6 @@
 """Unit tests of rstreamer.codec: round-trips, refusals, and hostile input (no Redis)."""
 from __future__ import annotations
 
-import datetime
-import decimal
 import math
 import pathlib
 import pickle
@@ -18,6 +16,7 @@ import pytest
 from rstreamer import codec
 from rstreamer.codec import DEFAULT_MAX_BYTES, EXT_NDARRAY, EXT_TENSOR, packb, unpackb
 from rstreamer.errors import CodecError, DecodeError, EncodeError
+from support.values import assert_same, roundtrip
 
 try:
     from hypothesis import HealthCheck, given, settings
@@ -38,35 +37,10 @@ def torch():
     return _torch
 
 
-def roundtrip(value):
-    return unpackb(packb(value))
-
 
 def ext(code: int, header, raw: bytes = b"") -> bytes:
     """A message holding one extension value with a hand-made (dtype, shape) header."""
     return msgpack.packb(msgpack.ExtType(code, msgpack.packb(header) + raw))
-
-
-def assert_same(left, right):
-    """Equal values of the same types all the way down (1 == 1.0 == True is not enough)."""
-    assert type(left) is type(right), (left, right)
-    if isinstance(left, (list, tuple)):
-        assert len(left) == len(right)
-        for a, b in zip(left, right):
-            assert_same(a, b)
-    elif isinstance(left, dict):
-        assert list(left) == list(right)
-        for key in left:
-            assert_same(left[key], right[key])
-    elif isinstance(left, float) and math.isnan(left):
-        assert math.isnan(right)
-    elif isinstance(left, decimal.Decimal):
-        assert str(left) == str(right)  # also for NaN, and keeps the exponent: Decimal("1.50")
-    elif isinstance(left, (datetime.datetime, datetime.time)):
-        assert (left, left.fold) == (right, right.fold)
-        assert type(left.tzinfo) is type(right.tzinfo) and left.tzinfo == right.tzinfo
-    else:
-        assert left == right
 
 
 # --- plain values -------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import dataclasses
 import datetime
 import decimal
 import enum
-import math
 import subprocess
 import sys
 import uuid
@@ -36,6 +35,7 @@ from rstreamer.codec import (
     unpackb,
 )
 from rstreamer.errors import ConfigError, DecodeError, EncodeError
+from support.values import assert_same, roundtrip
 
 try:
     from hypothesis import given, settings
@@ -48,35 +48,6 @@ PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 NEW_YORK = zoneinfo.ZoneInfo("America/New_York")
 EST = datetime.timezone(datetime.timedelta(hours=-5), "EST")
 
-
-def roundtrip(value):
-    return unpackb(packb(value))
-
-
-def assert_same(left, right):
-    """Equal values of the same types all the way down, time zones and folds included."""
-    assert type(left) is type(right), (left, right)
-    if isinstance(left, (list, tuple)):
-        assert len(left) == len(right)
-        for a, b in zip(left, right):
-            assert_same(a, b)
-    elif isinstance(left, dict):
-        assert list(left) == list(right)
-        for key in left:
-            assert_same(left[key], right[key])
-    elif isinstance(left, decimal.Decimal):
-        assert str(left) == str(right)
-    elif isinstance(left, complex):
-        assert str(left) == str(right)  # nan, inf and the sign of zero
-    elif isinstance(left, float) and math.isnan(left):
-        assert math.isnan(right)
-    elif isinstance(left, (datetime.datetime, datetime.time)):
-        assert (left, left.fold) == (right, right.fold)
-        assert type(left.tzinfo) is type(right.tzinfo) and left.tzinfo == right.tzinfo
-        if isinstance(left.tzinfo, datetime.timezone):
-            assert left.tzinfo.tzname(None) == right.tzinfo.tzname(None)
-    else:
-        assert left == right
 
 
 def ext(code: int, data: bytes) -> bytes:
@@ -93,7 +64,8 @@ STANDARD_VALUES = {
     "datetime-max": datetime.datetime.max,
     "datetime-utc": datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC),
     "datetime-named-offset": datetime.datetime(2024, 1, 2, tzinfo=EST),
-    "datetime-odd-offset": datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone(datetime.timedelta(hours=5, minutes=45, microseconds=7))),
+    "datetime-odd-offset": datetime.datetime(
+        2024, 1, 2, tzinfo=datetime.timezone(datetime.timedelta(hours=5, minutes=45, microseconds=7))),
     "datetime-zoneinfo": datetime.datetime(2024, 7, 1, 12, tzinfo=PARIS),
     "datetime-fold": datetime.datetime(2024, 11, 3, 1, 30, fold=1, tzinfo=NEW_YORK),
     "date": datetime.date(1, 1, 1),
@@ -250,7 +222,8 @@ CORRUPT = {
     "datetime-fold-2": ext(EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 7 + b"\x02"),
     "datetime-tz-kind": ext(EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 8 + b"\x09"),
     "datetime-tz-short-offset": ext(EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 8 + b"\x01\x00"),
-    "datetime-tz-offset-25h": ext(EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 8 + b"\x01" + (25 * 3600 * 10**6).to_bytes(8, "big")),
+    "datetime-tz-offset-25h": ext(
+        EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 8 + b"\x01" + (25 * 3600 * 10**6).to_bytes(8, "big")),
     "datetime-tz-unnamed-with-name": ext(EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 8 + b"\x01" + bytes(8) + b"x"),
     "datetime-tz-name-not-utf8": ext(EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 8 + b"\x02" + bytes(8) + b"\xff"),
     "datetime-zone-path": ext(EXT_DATETIME, b"\x07\xe8\x01\x01" + b"\x00" * 8 + b"\x03../../../etc/passwd"),
@@ -341,7 +314,8 @@ def test_codes_outside_the_user_range_are_refused(code):
         register_type(Vector, code, list, list)
 
 
-@pytest.mark.parametrize("cls", [int, str, bytes, list, dict, tuple, set, frozenset, complex, datetime.datetime, decimal.Decimal, type(None), bool])
+@pytest.mark.parametrize("cls", [int, str, bytes, list, dict, tuple, set, frozenset, complex, datetime.datetime,
+                                 decimal.Decimal, type(None), bool])
 def test_types_the_codec_carries_cannot_be_registered(cls):
     with pytest.raises(ConfigError, match="carried by rstreamer already"):
         register_type(cls, 64, list, list)

@@ -21,9 +21,11 @@ from rstreamer.errors import BrokerUnavailable, ConfigError
     ("rediss://h", BrokerAddress("single", True, (("h", 6379),))),
     ("h:7000", BrokerAddress("single", False, (("h", 7000),))),
     ("unix:///run/redis.sock?db=3", BrokerAddress("single", False, (), db=3, unix_path="/run/redis.sock")),
-    ("redis+cluster://a:7000,b:7001,[::1]:7002", BrokerAddress("cluster", False, (("a", 7000), ("b", 7001), ("::1", 7002)))),
+    ("redis+cluster://a:7000,b:7001,[::1]:7002",
+     BrokerAddress("cluster", False, (("a", 7000), ("b", 7001), ("::1", 7002)))),
     ("rediss+cluster://a", BrokerAddress("cluster", True, (("a", 6379),))),
-    ("redis+sentinel://s1,s2:26380/mymaster", BrokerAddress("sentinel", False, (("s1", 26379), ("s2", 26380)), service="mymaster")),
+    ("redis+sentinel://s1,s2:26380/mymaster",
+     BrokerAddress("sentinel", False, (("s1", 26379), ("s2", 26380)), service="mymaster")),
     ("rediss+sentinel://s1/mymaster/5", BrokerAddress("sentinel", True, (("s1", 26379),), db=5, service="mymaster")),
 ])
 def test_parse_modes_nodes_and_db(url, expected):

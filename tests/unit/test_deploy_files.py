@@ -141,7 +141,7 @@ def test_web_command_is_gunicorn_with_the_repo_config_and_app_factory(where):
     assert (ROOT / option_value(argv, "-c", "--config")).is_file()
     module_name, _, factory = argv[-1].partition(":")
     assert factory == "create_app()", argv[-1]
-    assert callable(getattr(importlib.import_module(module_name), "create_app"))
+    assert callable(importlib.import_module(module_name).create_app)
 
 
 def test_web_routes_used_by_probes_exist():

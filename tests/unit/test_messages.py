@@ -23,16 +23,17 @@ from rstreamer.messages import (
     reply_address,
     reply_ttl_ms,
     reply_version,
+    unpack_results,
 )
 from rstreamer.messages import pack_results as pack_messages
-from rstreamer.messages import unpack_results
 
 MAX = 1024 * 1024
 
 
 def entry(token=b"client-1:7", index=b"3", deadline=b"1700000000250", payload=None, **drop):
     """A version-1 entry (no version field, an absolute deadline): what rstreamer 0.1 clients send."""
-    fields = {TOKEN: token, INDEX: index, DEADLINE: deadline, PAYLOAD: codec.packb({"x": 1}) if payload is None else payload}
+    packed = codec.packb({"x": 1}) if payload is None else payload
+    fields = {TOKEN: token, INDEX: index, DEADLINE: deadline, PAYLOAD: packed}
     return {key: value for key, value in fields.items() if key.decode() not in drop}
 
 
@@ -297,7 +298,8 @@ def test_a_reply_lives_until_its_last_callers_deadline_and_at_least_the_floor():
 def test_enqueue_args_carry_each_calls_remaining_timeout_and_wall_deadline():
     from rstreamer.messages import QueueLimits, enqueue_args
 
-    args = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1", [([b"a", b"b"], 105.5), ([b"c"], 100.0 - 1)], now=100.0)
+    calls = [([b"a", b"b"], 105.5), ([b"c"], 100.0 - 1)]
+    args = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1", calls, now=100.0)
     assert args == [10, 2000, 500, "workers", "c:1", 2, 2, 2, 5500, 105500, 1, 0, 99000, b"a", b"b", b"c"]
 
 

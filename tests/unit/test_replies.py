@@ -33,7 +33,8 @@ def test_a_row_over_the_decode_limit_fails_alone():
     assert values(results) == {0: "DecodeError", 1: b"small", 2: "DecodeError"}
 
 
-@pytest.mark.parametrize("data", [b"\xc1", b"not msgpack", msgpack.packb([[0, True, "a"]])[:-1], msgpack.packb([["x", 1]])])
+@pytest.mark.parametrize(
+    "data", [b"\xc1", b"not msgpack", msgpack.packb([[0, True, "a"]])[:-1], msgpack.packb([["x", 1]])])
 def test_a_message_whose_rows_cannot_be_told_apart_is_undecodable(data):
     with pytest.raises(UndecodableReply):
         decode_reply(data)

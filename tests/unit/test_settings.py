@@ -2,6 +2,7 @@
 parsing in rstreamer.connection (no Redis)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -10,7 +11,7 @@ import pytest
 
 from rstreamer.connection import normalize_broker_url, redacted
 from rstreamer.errors import ConfigError
-from rstreamer.settings import DEFAULT_REDIS_URL, ClientSettings, WorkerSettings, redis_url_from_env
+from rstreamer.settings import DEFAULT_REDIS_URL, REDIS_URL_ENV, ClientSettings, WorkerSettings, redis_url_from_env
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +79,8 @@ def test_an_unparsable_worker_variable_is_a_config_error_naming_it(monkeypatch, 
 
 @pytest.mark.parametrize(
     "name, value",
-    [("RSTREAMER_TIMEOUT", "0"), ("RSTREAMER_TIMEOUT", "-1"), ("RSTREAMER_TIMEOUT", "nan"), ("RSTREAMER_MAX_QUEUE", "-1")],
+    [("RSTREAMER_TIMEOUT", "0"), ("RSTREAMER_TIMEOUT", "-1"), ("RSTREAMER_TIMEOUT", "nan"),
+     ("RSTREAMER_MAX_QUEUE", "-1")],
 )
 def test_an_out_of_range_variable_is_a_config_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -86,10 +88,28 @@ def test_an_out_of_range_variable_is_a_config_error(monkeypatch, name, value):
         ClientSettings.from_env()
 
 
-def test_an_out_of_range_worker_variable_is_a_config_error(monkeypatch):
+def test_an_out_of_range_worker_variable_is_a_config_error_naming_it(monkeypatch):
     monkeypatch.setenv("RSTREAMER_BATCH_SIZE", "0")
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(ConfigError, match="RSTREAMER_BATCH_SIZE='0': must be between 1"):
         WorkerSettings.from_env()
+
+
+def test_the_command_line_and_the_environment_share_one_batch_size_parser(monkeypatch):
+    from rstreamer import cli
+
+    monkeypatch.setenv("RSTREAMER_BATCH_SIZE", "lots")
+    with pytest.raises(ConfigError) as from_env:
+        WorkerSettings.from_env()
+    with pytest.raises(argparse.ArgumentTypeError) as from_option:
+        cli.WORKER_PARSERS["batch_size"]("lots")
+    assert str(from_option.value) in str(from_env.value)
+
+
+def test_every_setting_has_its_variable_derived_from_its_name():
+    from rstreamer import cli
+
+    assert cli.WORKER_ENV["redis"] == REDIS_URL_ENV == "RSTREAMER_REDIS_URL"
+    assert all(variable == "RSTREAMER_" + dest.upper() for dest, variable in cli.WORKER_ENV.items() if dest != "redis")
 
 
 def test_config_error_is_a_value_error():
@@ -187,7 +207,7 @@ def test_normalize_broker_url(given, url):
     "garbage", ["http://h:1", "redis:/h", "h:port", "h:1:2", "two words", "::1", "[::1]", "h:6379/0"]
 )
 def test_normalize_broker_url_rejects_garbage(garbage):
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):  # a ValueError too, as it used to be
         normalize_broker_url(garbage)
 
 

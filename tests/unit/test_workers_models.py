@@ -24,7 +24,7 @@ PROGRAMMING = set(load_corpus()[21:28])
 
 
 def dot(u: list[float], v: list[float]) -> float:
-    return sum(a * b for a, b in zip(u, v))
+    return sum(a * b for a, b in zip(u, v, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +71,11 @@ def test_paraphrase_closer_than_unrelated(embedder: EmbeddingModel) -> None:
 def test_batch_order_preserved_and_batch_independent(embedder: EmbeddingModel) -> None:
     texts = [UNRELATED, "short", GUITAR, "a much longer sentence about the weather turning cold tonight", PARAPHRASE]
     batched = embedder.predict(texts)
-    for text, vec in zip(texts, batched):
+    for text, vec in zip(texts, batched, strict=True):
         (alone,) = embedder.predict([text])
         # Padding in a mixed-length batch moves the float32 result only in the last digits.
         assert dot(alone, vec) > 0.9999
-    for vec, again in zip(batched[::-1], embedder.predict(texts[::-1])):
+    for vec, again in zip(batched[::-1], embedder.predict(texts[::-1]), strict=True):
         assert again == pytest.approx(vec, abs=1e-4)
 
 

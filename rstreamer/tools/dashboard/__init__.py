@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import socket
 import sys
 
@@ -18,12 +17,12 @@ DEFAULT_PORT = 8700
 
 def parser() -> argparse.ArgumentParser:
     """The ``rstreamer dashboard`` argument parser."""
-    from ...settings import DEFAULT_REDIS_URL
+    from ...settings import DEFAULT_REDIS_URL, REDIS_URL_ENV, redis_url_from_env
 
     p = argparse.ArgumentParser(prog="rstreamer dashboard", description="Serve a live dashboard of the prefixes "
                                 "on one Redis: queues, workers, dead letters.")
-    p.add_argument("--redis", metavar="URL", default=os.environ.get("RSTREAMER_REDIS_URL") or DEFAULT_REDIS_URL,
-                   help=f"Redis URL or host:port (env RSTREAMER_REDIS_URL, default {DEFAULT_REDIS_URL})")
+    p.add_argument("--redis", metavar="URL", default=redis_url_from_env(),
+                   help=f"Redis URL or host:port (env {REDIS_URL_ENV}, default {DEFAULT_REDIS_URL})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
     p.add_argument("--prefix", action="append", help="show only this prefix (repeatable; default: every prefix)")
@@ -45,7 +44,8 @@ def main(argv: list[str]) -> int:
         print("rstreamer dashboard: --interval must be > 0 and --window >= --interval", file=sys.stderr)
         return 2
     if importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("starlette") is None:
-        print("rstreamer dashboard: needs starlette and uvicorn (the webapp extra): pip install starlette uvicorn", file=sys.stderr)
+        print("rstreamer dashboard: needs starlette and uvicorn (the webapp extra): pip install starlette uvicorn",
+              file=sys.stderr)
         return 2
     try:
         sock = socket.create_server((args.host, args.port))  # bound first, so the URL names the real port
@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     import uvicorn
 
     from ...connection import create_redis, normalize_broker_url, redacted
-    from ...errors import BrokerUnavailable, ConfigError
+    from ...errors import BrokerUnavailable
     from ...settings import WorkerSettings
     from .app import Options, create_app
     from .sampler import Sampler
@@ -69,7 +69,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         url = normalize_broker_url(args.redis)
         client = create_redis(url, socket_timeout=5.0, retries=1)
         sampler = Sampler(client, WorkerSettings.from_env().dead_after, args.interval, args.window, args.prefix)
-    except (ValueError, ConfigError, BrokerUnavailable) as exc:
+    except (ValueError, BrokerUnavailable) as exc:  # ValueError: ConfigError, or one of redis-py's own
         print(f"rstreamer dashboard: {exc}", file=sys.stderr)
         return 2
     hosts = ("*",) if args.host in ("0.0.0.0", "::") else Options.allowed_hosts + (args.host,)

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from ... import status
+from ...connection import RedisClient
 from ...deadletters import as_json, read_dead_letters
 from ...keys import Keys
 
@@ -28,7 +29,7 @@ SERIES = ("queue_length", "oldest_wait_s", "items_per_s")
 class Sampler:
     """Samples every prefix (or the given ones) every ``interval`` seconds, keeping ``window`` seconds."""
 
-    def __init__(self, client: redis.Redis, dead_after: float, interval: float = 1.0, window: float = 300.0,
+    def __init__(self, client: RedisClient, dead_after: float, interval: float = 1.0, window: float = 300.0,
                  prefixes: list[str] | None = None, dead_letters_shown: int = 20) -> None:
         self.client = client
         self.dead_after = dead_after
@@ -73,8 +74,8 @@ class Sampler:
     def _sample(self) -> None:
         try:
             prefixes = self._fixed or status.list_prefixes(self.client)
-            state = {"now_ms": 0, "prefixes": [self._prefix(s) for s in status.take_snapshots(self.client, prefixes)],
-                     "error": None}
+            snapshots = status.take_snapshots(self.client, prefixes)
+            state: dict[str, Any] = {"now_ms": 0, "prefixes": [self._prefix(s) for s in snapshots], "error": None}
             state["now_ms"] = max((p["now_ms"] for p in state["prefixes"]), default=0)
         except redis.RedisError as exc:
             logger.warning("dashboard: cannot read Redis: %s", exc)
