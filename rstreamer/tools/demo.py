@@ -231,29 +231,59 @@ def batch_series(points: list[tuple[float, int, int]]) -> list[tuple[float, floa
     return series
 
 
-def plot(samples: list[Sample], series: list[tuple[float, float]], path: Path) -> None:
+def throughput_series(samples: list[Sample], width: float = 0.5) -> list[tuple[float, float]]:
+    """(start of each ``width``-second bin, answered requests per second in it), from the load's start."""
+    ends = [s.started + s.latency for s in samples if s.status == 200]
+    if not ends:
+        return []
+    counts = [0] * (int(max(ends) / width) + 1)
+    for end in ends:
+        counts[int(end / width)] += 1
+    return [(i * width, count / width) for i, count in enumerate(counts)]
+
+
+def plot(samples: list[Sample], series: list[tuple[float, float]], path: Path, batch_size: int) -> None:
+    """Write :func:`figure` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    drawing = figure(samples, series, batch_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    drawing.savefig(path, dpi=110)
+    plt.close(drawing)
+
+
+def figure(samples: list[Sample], series: list[tuple[float, float]], batch_size: int) -> Any:
+    """Latency of each request, throughput, and the workers' mean batch size against the
+    ``--batch-size`` limit, over the seconds of the load."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ok = [s for s in samples if s.status == 200]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    drawing, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
     top.scatter([s.started for s in ok], [s.latency * 1000 for s in ok], s=6, alpha=0.6)
     for q, style in ((0.5, "--"), (0.99, ":")):
         top.axhline(percentile([s.latency * 1000 for s in ok], q), color="k", linestyle=style,
                     label=f"p{int(q * 100)}")
     top.set_ylabel("request latency (ms)")
-    top.set_title("rstreamer demo: HTTP latency and worker batch sizes")
+    top.set_ylim(bottom=0)
+    top.set_title("rstreamer demo: HTTP latency, throughput and worker batch sizes")
     top.legend()
+    rates = throughput_series(samples)
+    if rates:
+        middle.step([t for t, _ in rates], [r for _, r in rates], where="post", color="tab:green")
+    middle.set_ylabel("answered requests/s")
+    middle.set_ylim(bottom=0)
     if series:
-        bottom.step([t for t, _ in series], [b for _, b in series], where="post")
-    bottom.set_ylabel("mean batch size")
+        bottom.step([t for t, _ in series], [b for _, b in series], where="post", label="mean batch size")
+    bottom.axhline(batch_size, color="tab:red", linestyle="--", label=f"batch size limit (--batch-size {batch_size})")
+    bottom.set_ylim(0, batch_size * 1.15)
+    bottom.set_ylabel("items per batch")
     bottom.set_xlabel("seconds since the load started")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bottom.legend(loc="lower right")
+    drawing.tight_layout()
+    return drawing
 
 
 def report(args: argparse.Namespace, samples: list[Sample], elapsed: float, batches: int, items: int,
@@ -364,7 +394,7 @@ def drive(args: argparse.Namespace, base_url: str, client: redis.Redis, keys: Ke
         time.sleep(0.1)
         after = sampler.totals()
     png = args.output / "rstreamer-demo.png"
-    plot(samples, batch_series(sampler.points), png)
+    plot(samples, batch_series(sampler.points), png, args.batch_size)
     good = report(args, samples, elapsed, after[0] - before[0], after[1] - before[1], png)
     return 0 if good else 1
 

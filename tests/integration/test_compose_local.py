@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,15 @@ def healthcheck(name: str, replace: tuple[str, str] = ("", "")) -> list[str]:
     return [sys.executable, *argv[1:]] if argv[0] == "python" else local_argv(argv)
 
 
+def documented_call() -> tuple[str, str]:
+    """The body of docs/deploy.md's curl of /predict, and the answer the doc shows under it."""
+    lines = (ROOT / "docs" / "deploy.md").read_text().splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith("curl -s localhost:8000/predict"))
+    body = re.search(r"-d '([^']*)'", lines[index])
+    assert body and lines[index + 1].startswith("# "), lines[index:index + 2]
+    return body.group(1), lines[index + 1][2:]
+
+
 def test_compose_commands_serve_a_real_request(redis_url, redis_client, prefix, group, tmp_path):
     env = compose_env(redis_url, prefix)
     worker = group.start(local_argv(compose_service("worker")["command"]), env, tmp_path / "worker.log")
@@ -112,6 +122,13 @@ def test_compose_commands_serve_a_real_request(redis_url, redis_client, prefix, 
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status == 200
         assert json.loads(response.read()) == {"outputs": ["hello", 42, [1, 2]]}
+
+    # The request and the answer that docs/deploy.md shows, byte for byte.
+    body, expected = documented_call()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=body.encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.read().decode() == expected
 
     # KEDA's lag mode reads XINFO GROUPS; XDEL of answered entries must leave the lag computable.
     (info,) = redis_client.xinfo_groups(Keys(prefix).requests)

@@ -1,4 +1,4 @@
-"""rstreamer bench: table, JSON, targets and plot on fake numbers; load generators on a thread streamer.
+"""rstreamer bench: table, JSON, reference checks and plot on fake numbers; load generators on a thread streamer.
 
 No timing assertions: speed is what the benchmark prints, never what a test checks.
 """
@@ -49,26 +49,30 @@ def test_table_has_every_row_and_the_burst_line():
     assert all("None" not in line for line in lines)
 
 
-def test_comparison_and_targets():
+def test_comparison_and_reference_checks():
     rows = fake_results()
     compared = bench.comparison(rows)
     assert compared == [{"model": "noop", "transport": "redis-1", "throughput_x": 5.0,
                          "lone_p50_x": pytest.approx(101 / 0.6)}]
     assert "throughput x5.00" in bench.format_comparison(compared)
-    checks = {c["target"]: c for c in bench.check_targets(rows)}
-    assert checks["noop redis-1 throughput / service-streamer's"]["met"]
-    assert checks["noop redis-1 lone p50 ms"]["met"]
-    assert checks["transformer redis-1 lone p50 ms (goal: model time + 1)"]["goal"] == pytest.approx(5.4)
-    assert not checks["transformer redis-2 / direct-x2"]["met"]  # 0.886 < 0.90
+    checks = {c["check"]: c for c in bench.reference_checks(rows)}
+    assert checks["noop redis-1 throughput / service-streamer's"]["ok"]
+    assert checks["noop redis-1 lone p50 ms"]["ok"]
+    assert checks["transformer redis-1 lone p50 ms (reference: model time + 1)"]["reference"] == pytest.approx(5.4)
+    assert not checks["transformer redis-2 / direct-x2"]["ok"]  # 0.886 < 0.90
     assert checks["transformer threaded / direct"]["value"] == pytest.approx(0.99)
-    assert "MISS" in bench.format_targets(list(checks.values()))
+    text = bench.format_reference_checks(list(checks.values()))
+    assert "not reached  transformer redis-2 / direct-x2: 0.886 (reference: at least 0.9)" in text
+    assert "reached      noop redis-1 lone p50 ms: 0.6 (reference: below 2)" in text
+    # Words for users: nothing about targets, misses or issues they never saw.
+    assert not any(word in text.lower() for word in ("miss", "target", "issue", "goal"))
 
 
 def test_outputs_are_json_and_png(tmp_path):
     args = Namespace(output=str(tmp_path / "out"), quick=True)
     output = bench.write_outputs(fake_results(), args, bench.machine_info())
     document = json.loads((output / "bench.json").read_text())
-    assert {"machine", "options", "results", "comparison", "targets"} <= set(document)
+    assert {"machine", "options", "results", "comparison", "reference_checks"} <= set(document)
     assert document["results"][1]["items_per_s"] == 20_000
     assert (output / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -124,3 +128,19 @@ def test_rate_counts_whole_batch_cycles_not_where_the_window_cuts_them():
     assert bench.Phase(completed=10, seconds=5.0).rate == 2.0
     steady = [0.0001 * i for i in range(50_000)]  # no bursts: 10,000 items/s
     assert bench.Phase(completed=len(steady), seconds=5.0, ends=steady).rate == pytest.approx(10_000, rel=0.01)
+
+
+def test_the_plot_uses_linear_axes_from_zero_and_sets_the_outlier_aside():
+    import matplotlib.pyplot as plt
+
+    drawing = bench.figure(fake_results())
+    try:
+        for axis in drawing.axes:
+            assert axis.get_xscale() == "linear" and axis.get_xlim()[0] == 0, axis.get_title()
+        noop_throughput = drawing.axes[0]
+        assert [label.get_text() for label in noop_throughput.get_yticklabels()] == ["redis-1", "ss-redis-1", "redis-2"]
+        assert "direct (100,000,000) not drawn" in noop_throughput.get_title()
+        transformer_bars = [patch.get_width() for patch in drawing.axes[2].patches]
+        assert transformer_bars[:2] == [400, 790], "every transformer row is drawn to scale"
+    finally:
+        plt.close(drawing)

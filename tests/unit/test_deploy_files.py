@@ -10,7 +10,10 @@ import argparse
 import configparser
 import importlib
 import re
+import os
 import shlex
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -309,15 +312,53 @@ def dockerfile() -> str:
     return (DEPLOY / "Dockerfile").read_text()
 
 
+def stages() -> dict[str, str]:
+    """The Dockerfile's text per build stage, by name."""
+    parts = re.split(r"^FROM (\S+) AS (\w+)$", dockerfile(), flags=re.M)
+    return {parts[i + 1]: f"FROM {parts[i]} AS {parts[i + 1]}" + parts[i + 2] for i in range(1, len(parts), 3)}
+
+
 def test_dockerfile_base_image_is_a_build_arg_with_a_cpu_default():
     text = dockerfile()
     assert re.search(r"^ARG BASE_IMAGE=python:3\.\d+-slim$", text, re.M)
-    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\} AS base$", text, re.M)
     assert "nvidia/cuda" in text, "the CUDA build is documented"
+    assert list(stages()) == ["base", "web", "worker"], "the worker image is the default (last) target"
+
+
+def test_the_web_image_has_no_torch_and_compose_and_k8s_use_it():
+    web = stages()["web"]
+    assert "torch" not in web.lower() and 'pip install ".[webapp,numpy]"' in web
+    assert service("web")["build"]["target"] == "web" and service("worker")["build"]["target"] == "worker"
+    assert container("rstreamer-web")["image"].startswith("rstreamer:web")
+
+
+def test_the_web_app_imports_without_torch():
+    # What the web image lacks: importing torch fails there, so nothing of the web app may need it.
+    blocker = ("import sys, importlib.abc\n"
+               "class NoTorch(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in ('torch', 'sentence_transformers', 'transformers'):\n"
+               "            raise ImportError(name + ' is not in the web image')\n"
+               "sys.meta_path.insert(0, NoTorch())\n"
+               "import webapp.app, webapp.asgi, webapp.gate, webapp.load, rstreamer\n"
+               "webapp.app.create_app(); webapp.asgi.create_app()\n"
+               "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", blocker], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_dockerignore_keeps_the_build_context_small():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", "demo-output", "bench-output"} <= ignored
+    copied = set(re.findall(r"^COPY (\S+) ", dockerfile(), re.M))
+    assert not copied & ignored, "a file the image copies is ignored"
 
 
 def test_dockerfile_installs_the_pinned_torch_before_the_package():
-    text = dockerfile()
+    text = stages()["worker"]
     pinned = re.search(r"^ARG TORCH_VERSION=(\S+)$", text, re.M).group(1)
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
@@ -331,5 +372,6 @@ def test_dockerfile_copies_every_package_setup_cfg_ships():
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
     packages = {line.strip() for line in config["options.packages.find"]["include"].split() if "." not in line}
-    copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile(), re.M))
-    assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
+    for name in ("web", "worker"):
+        copied = set(re.findall(r"^COPY (\w+) \./\1$", stages()[name], re.M))
+        assert packages <= copied, f"not copied into the {name} image: {sorted(packages - copied)}"

@@ -52,3 +52,11 @@ def test_no_instruction_installs_rstreamer_from_an_index():
     offenders = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in sources if path != Path(__file__)
                  for match in bad.finditer(path.read_text())]
     assert not offenders, offenders
+
+
+def test_docs_speak_to_users_not_of_the_projects_issues():
+    sources = [ROOT / "README.md", *ROOT.joinpath("docs").glob("*.md"), *ROOT.joinpath("rstreamer", "tools").rglob("*.py")]
+    internal = re.compile(r"\bissue(s|'s)?\b|design card|DESIGN card|\bMISS\b|\btargets? (met|missed)", re.IGNORECASE)
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in sources
+             for n, line in enumerate(path.read_text().splitlines(), 1) if internal.search(line)]
+    assert not found, found
