@@ -1,7 +1,8 @@
-"""Fixtures: a real redis-server per session, a prefix per test, real worker processes."""
+"""Fixtures: a real redis-server per session, a prefix per test (checked for leaked keys), real worker
+processes and web servers."""
 from __future__ import annotations
 
-import time
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -11,33 +12,28 @@ import redis
 
 from rstreamer.coalescer import Coalescer
 from rstreamer.embedded import EmbeddedRedis
-from support.procs import WorkerProcesses
+from support.keyleaks import leaked_keys
+from support.procs import TESTS, WorkerProcesses
 from support.web import WebServers
+
+INTEGRATION = TESTS / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration/ is marked ``integration`` (run or skip them with -m)."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
-    """A private redis-server on a free port; at the end, no key may lack a TTL but streams."""
+    """A private redis-server on a free port, shared by the session's tests (each has its own prefix)."""
     server = EmbeddedRedis().start()
     try:
         yield server
-        if server._process is not None:
-            leaked = _keys_without_ttl(server.url)
-            assert not leaked, f"keys left without a TTL: {leaked[:20]}"
     finally:
         server.close()
-
-
-def _keys_without_ttl(url: str) -> list[str]:
-    client = redis.Redis.from_url(url)
-    try:
-        leaked = []
-        for key in client.scan_iter(count=1000):
-            if client.type(key) != b"stream" and client.ttl(key) == -1:
-                leaked.append(key.decode())
-        return leaked
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -55,9 +51,19 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def prefix() -> str:
-    """A fresh prefix per test, so tests share one server without seeing each other."""
-    return f"test-{uuid.uuid4().hex[:10]}"
+def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh prefix per test, so tests share one server without seeing each other.
+
+    With the session's Redis, the test fails if its prefix leaves a key that is neither a stream
+    nor expiring; ``@pytest.mark.leaves_keys("name", ...)`` allows the names a test means to leave.
+    """
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    server = request.getfixturevalue("redis_server") if "redis_url" in request.fixturenames else None
+    yield name
+    if server is not None and server._process is not None and server._process.poll() is None:
+        allowed = [key for mark in request.node.iter_markers("leaves_keys") for key in mark.args]
+        leaked = leaked_keys(server.url, name, allowed)
+        assert not leaked, f"keys left without a TTL: {leaked[:20]}"
 
 
 @pytest.fixture
@@ -75,17 +81,31 @@ def web(redis_url: str) -> Iterator[WebServers]:
     factory.stop_all()
 
 
+class HeldSends(list[int]):
+    """The sizes of the ENQUEUE_CALLS sent. The first waits at ``gate`` for ``hold`` seconds (0.3 s:
+    time for concurrent calls to pile up); a test that knows when they have piled up sets a long
+    ``hold`` and calls :meth:`release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.hold = 0.3
+
+    def release(self) -> None:
+        self.gate.set()
+
+
 @pytest.fixture
-def held_first_send(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of each ENQUEUE_CALLS a Coalescer sends; the first is held back 0.3 s, so that the
-    calls made meanwhile pile up and share the next one."""
-    sends: list[int] = []
+def held_first_send(monkeypatch: pytest.MonkeyPatch) -> HeldSends:
+    """The size of each ENQUEUE_CALLS a Coalescer sends; the first is held back, so that the calls
+    made meanwhile pile up and share the next one."""
+    sends = HeldSends()
     original = Coalescer._send
 
     def slow_first_send(self: Coalescer, taken: list[Any]) -> Any:
         sends.append(len(taken))
         if len(sends) == 1:
-            time.sleep(0.3)
+            sends.gate.wait(sends.hold)
         return original(self, taken)
 
     monkeypatch.setattr(Coalescer, "_send", slow_first_send)

@@ -12,6 +12,7 @@ import pytest
 
 from rstreamer import ClientSettings, RedisStreamer
 from rstreamer.errors import Overloaded, StreamerTimeout
+from support.polling import wait_until
 
 
 def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, prefix, workers, held_first_send):
@@ -28,12 +29,16 @@ def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, 
 
 
 def test_each_coalesced_call_keeps_its_own_deadline(redis_client, redis_url, prefix, held_first_send):
+    held_first_send.hold = 30.0  # released below, once the other two calls wait behind the first
     with RedisStreamer(redis_url, prefix) as streamer:
         timeouts = [5.0, 7.0, 9.0]
         threads = [threading.Thread(target=streamer.submit, args=([t], t)) for t in timeouts]
-        for thread in threads:
+        threads[0].start()
+        wait_until(lambda: held_first_send, what="the first ENQUEUE")
+        for thread in threads[1:]:
             thread.start()
-            time.sleep(0.05)  # the first one is held back, the others join the second ENQUEUE
+        wait_until(lambda: len(streamer._coalescer._pending) == 2, what="two calls behind the first ENQUEUE")
+        held_first_send.release()
         for thread in threads:
             thread.join()
         entries = redis_client.xrange(streamer.keys.requests)

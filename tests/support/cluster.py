@@ -6,7 +6,8 @@ import subprocess
 
 import redis
 
-from support.servers import ServerProcess, free_port, wait_for
+from support.polling import wait_until
+from support.servers import ServerProcess, free_port
 
 SLOTS = 16384
 
@@ -32,8 +33,8 @@ class LocalCluster:
                 self.nodes.append(self._start_node(index))
             self._create()
             for node in self.nodes:
-                wait_for(lambda node=node: _cluster_ok(node.port, self.masters), 30,
-                         f"cluster state of node {node.port}")
+                wait_until(lambda node=node: _cluster_ok(node.port, self.masters), 30, 0.05,
+                           f"cluster state of node {node.port}", retry_on=(Exception,))
         except BaseException:
             self.close()
             raise

@@ -5,8 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,9 @@ from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
 from rstreamer.tools.processes import stop_group
+from support.polling import wait_until
+
+__all__ = ["ROOT", "TESTS", "WorkerProcesses", "live_pids", "test_env", "wait_for_workers", "wait_until"]
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -24,18 +25,6 @@ def test_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
 
 
 class WorkerProcesses:

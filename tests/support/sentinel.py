@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import redis
 
-from support.servers import ServerProcess, wait_for
+from support.polling import wait_until
+from support.servers import ServerProcess
 
 SERVICE = "mymaster"
 
@@ -27,7 +28,8 @@ class LocalSentinel:
         try:
             self.master = _data_node("master", [])
             self.replica = _data_node("replica", ["--replicaof", "127.0.0.1", str(self.master.port)])
-            wait_for(lambda: _info(self.replica.port)["master_link_status"] == "up", 15, "replication link")
+            wait_until(lambda: _info(self.replica.port)["master_link_status"] == "up", 15, 0.05, "replication link",
+                       retry_on=(Exception,))
             self.sentinel = self._start_sentinel(self.master.port)
         except BaseException:
             self.close()

@@ -6,32 +6,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rstreamer.embedded import find_server_binary, free_port
+from support.polling import wait_until
 
-__all__ = ["ServerProcess", "free_port", "wait_for"]
-
-
-def wait_for(ready: Callable[[], object], timeout: float, what: str,
-             alive: Callable[[], bool] = lambda: True) -> object:
-    """Poll ``ready`` (exceptions count as not ready) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            value = ready()
-            if value:
-                return value
-        except Exception as exc:  # not up yet: refused, loading, cluster still down...
-            last_error = exc
-        if not alive():
-            raise RuntimeError(f"{what}: the process exited (last error: {last_error})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not ready after {timeout}s (last error: {last_error})")
-        time.sleep(0.05)
+__all__ = ["ServerProcess", "free_port"]
 
 
 class ServerProcess:
@@ -56,7 +37,8 @@ class ServerProcess:
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True)
         try:
-            wait_for(ready, timeout, f"{self.name} on port {self.port}", alive=self.alive)
+            wait_until(ready, timeout, 0.05, f"{self.name} on port {self.port}", alive=self.alive,
+                       retry_on=(Exception,))  # not up yet: refused, loading, cluster still down...
         except BaseException:
             self.close()
             raise
