@@ -734,7 +734,8 @@ def drawn_throughput(rows: Sequence[Result]) -> tuple[list[Result], list[Result]
     one (the no-op's direct call, 10^8 items/s) would flatten every other bar to nothing."""
     rates = sorted((r.items_per_s or 0 for r in rows), reverse=True)
     if len(rates) > 1 and rates[1] > 0 and rates[0] > 20 * rates[1]:
-        return [r for r in rows if (r.items_per_s or 0) < rates[0]], [r for r in rows if (r.items_per_s or 0) >= rates[0]]
+        low = [r for r in rows if (r.items_per_s or 0) < rates[0]]
+        return low, [r for r in rows if (r.items_per_s or 0) >= rates[0]]
     return list(rows), []
 
 
@@ -777,7 +778,7 @@ def figure(results: Sequence[Result]) -> Any:
         for offset, label, values in ((-0.2, "lone caller p50", [r.lone_p50_ms or 0 for r in every]),
                                       (0.2, "64 callers p50", [r.load_p50_ms or 0 for r in every])):
             latency.barh([p + offset for p in positions], values, 0.4, label=label)
-            for p, value in zip(positions, values):
+            for p, value in zip(positions, values, strict=True):
                 latency.text(value, p + offset, f" {value:.1f}" if value else "", va="center", fontsize=6)
         latency.set_yticks(list(positions), [r.transport for r in every])
         latency.set_xlim(left=0)

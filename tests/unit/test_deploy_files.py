@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import configparser
 import importlib
-import re
 import os
+import re
 import shlex
 import subprocess
 import sys

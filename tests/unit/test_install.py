@@ -55,7 +55,8 @@ def test_no_instruction_installs_rstreamer_from_an_index():
 
 
 def test_docs_speak_to_users_not_of_the_projects_issues():
-    sources = [ROOT / "README.md", *ROOT.joinpath("docs").glob("*.md"), *ROOT.joinpath("rstreamer", "tools").rglob("*.py")]
+    sources = [ROOT / "README.md", *ROOT.joinpath("docs").glob("*.md"),
+               *ROOT.joinpath("rstreamer", "tools").rglob("*.py")]
     internal = re.compile(r"\bissue(s|'s)?\b|design card|DESIGN card|\bMISS\b|\btargets? (met|missed)", re.IGNORECASE)
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in sources
              for n, line in enumerate(path.read_text().splitlines(), 1) if internal.search(line)]

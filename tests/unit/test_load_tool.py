@@ -90,5 +90,6 @@ def test_processes_share_the_load_and_the_report_names_the_generators_cpu(server
     lines = load.report(outcomes, 4)
     assert lines[0].startswith("requests    10 from 4 clients") and lines[0].endswith("10 x 200")
     assert lines[3].startswith("load        2 process(es), the busiest at")
-    saturated = load.report([load.Outcome(statuses=collections.Counter({200: 1}), latencies=[0.1], elapsed=1.0, cpu=0.95)], 1)
+    outcome = load.Outcome(statuses=collections.Counter({200: 1}), latencies=[0.1], elapsed=1.0, cpu=0.95)
+    saturated = load.report([outcome], 1)
     assert saturated[-1].startswith("warning     the load generator used a full core")
