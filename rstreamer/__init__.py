@@ -13,6 +13,10 @@ from .errors import (
     DecodeError,
     EncodeError,
     NoLiveWorker,
+    InvalidJobId,
+    JobCancelled,
+    JobNotFound,
+    JobTooLarge,
     Overloaded,
     RemoteError,
     RStreamerError,
@@ -20,9 +24,10 @@ from .errors import (
     WorkerStartupError,
 )
 from .future import Future
+from .jobs import Job, JobItem, JobState, Progress
 from .local import Streamer, ThreadedStreamer
 from .model import ManagedModel
-from .settings import ClientSettings, WorkerSettings
+from .settings import ClientSettings, JobSettings, WorkerSettings
 from .supervisor import run_redis_workers_forever
 from .version import VERSION
 from .worker import RedisWorker
@@ -42,9 +47,17 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "Future",
+    "InvalidJobId",
+    "Job",
+    "JobCancelled",
+    "JobItem",
+    "JobNotFound",
+    "JobState",
+    "JobTooLarge",
     "ManagedModel",
     "NoLiveWorker",
     "Overloaded",
+    "Progress",
     "RStreamerError",
     "RedisStreamer",
     "RedisWorker",
@@ -52,6 +65,7 @@ __all__ = [
     "Streamer",
     "StreamerTimeout",
     "ThreadedStreamer",
+    "JobSettings",
     "WorkerSettings",
     "WorkerStartupError",
     "register_type",

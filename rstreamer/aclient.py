@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from types import TracebackType
 from typing import Any, cast
 
@@ -30,6 +30,7 @@ from .calls import (
 )
 from .connection import create_async_redis
 from .errors import BrokerUnavailable, DecodeError
+from .ajobs import AsyncJob, AsyncJobClient
 from .future import BaseFuture
 from .replies import decode_reply, undecodable
 from .settings import ClientSettings
@@ -60,6 +61,7 @@ class AsyncRedisStreamer:
                                         max_connections=max_connections)
         self._enqueue_script = self.redis.register_script(lua.ENQUEUE_CALLS)
         self._poppers: set[asyncio.Task[None]] = set()
+        self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)
 
     async def submit(self, batch: list[Any], timeout: float | None = None) -> AsyncFuture:
         """Queue ``batch`` and return an AsyncFuture; ``await`` it for the outputs.
@@ -124,6 +126,15 @@ class AsyncRedisStreamer:
         """Return one output per item of ``batch``, in order."""
         future = await self.submit(batch, timeout)
         return await future.result()
+
+    async def submit_job(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
+                         meta: Any = None, *, window: int | None = None) -> AsyncJob:
+        """Store ``items`` as a durable job; see :meth:`rstreamer.RedisStreamer.submit_job`."""
+        return await self.jobs.submit(items, ttl, priority, meta, window)
+
+    async def job(self, job_id: str) -> AsyncJob:
+        """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""
+        return await self.jobs.get(job_id)
 
     async def aclose(self) -> None:
         """Stop waiting for answers and close the streamer's Redis connections."""

@@ -1,6 +1,7 @@
 """RedisStreamer: the web side of the Redis transport."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .base import BaseStreamer
@@ -8,6 +9,7 @@ from .calls import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, Call, CallFa
 from .coalescer import Coalescer
 from .connection import create_redis
 from .future import Future
+from .jobs import Job, JobClient
 from .settings import ClientSettings
 
 
@@ -34,6 +36,7 @@ class RedisStreamer(BaseStreamer):
         self.redis = create_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                   max_connections=MAX_CONNECTIONS)
         self._coalescer = Coalescer(self.redis, self.url, self.calls)
+        self.jobs = JobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)
 
     def submit(self, batch: list[Any], timeout: float | None = None) -> Future:
         """Queue ``batch`` and return a Future; raises Overloaded or BrokerUnavailable when it
@@ -50,6 +53,23 @@ class RedisStreamer(BaseStreamer):
         if future.call.payloads:
             self._coalescer.enqueue(future, patient)
         return future
+
+    def submit_job(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
+                   meta: Any = None, *, window: int | None = None) -> Job:
+        """Store ``items`` as a durable job and return its :class:`~rstreamer.jobs.Job` at once.
+
+        The workers run it as they have room, ``window`` items at a time (default
+        ``RSTREAMER_JOB_WINDOW``), at ``priority`` (None: the least urgent level); its state
+        and outputs stay in Redis for ``ttl`` seconds (default ``RSTREAMER_JOB_TTL``, 24 h),
+        readable from any process with :meth:`job`. ``meta`` is any JSON value kept with it.
+        Raises EncodeError for an item that cannot be sent (named by its index) and JobTooLarge
+        past ``RSTREAMER_JOB_MAX_ITEMS`` items.
+        """
+        return self.jobs.submit(items, ttl, priority, meta, window)
+
+    def job(self, job_id: str) -> Job:
+        """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""
+        return self.jobs.get(job_id)
 
     def close(self) -> None:
         """Refuse new calls, stop waiting for answers and close the connections."""

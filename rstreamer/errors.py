@@ -103,6 +103,34 @@ class DeadLettered(RemoteError):
     """The item was moved to the dead-letter stream (failed too often, or malformed)."""
 
 
+class JobError(RStreamerError):
+    """Base class of the errors of durable jobs (:mod:`rstreamer.jobs`)."""
+
+    http_status = 400
+
+
+class InvalidJobId(JobError, ValueError):
+    """A job id that rstreamer cannot have given (it is 32 lowercase hex digits)."""
+
+
+class JobNotFound(JobError, LookupError):
+    """No job has this id on this prefix: it never existed, expired (its TTL passed) or was purged."""
+
+    http_status = 404
+
+
+class JobTooLarge(JobError, ValueError):
+    """A job with more items than the ``job_max_items`` setting allows."""
+
+    http_status = 413
+
+
+class JobCancelled(JobError):
+    """The job was cancelled before every item was answered; its results are incomplete."""
+
+    http_status = 409
+
+
 class WorkerStartupError(RStreamerError):
     """A local worker process failed to start or load its model."""
 

@@ -16,6 +16,8 @@ DEFAULT_PREFIX = "default"
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}")
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
+_JOB_TOKEN = re.compile(r"job:([0-9a-f]{32})")
 _REQUESTS_KEY = re.compile(r"rstreamer:\{([A-Za-z0-9_.\-]{1,100})\}:requests")
 
 
@@ -32,6 +34,30 @@ def validate_prefix(prefix: str) -> str:
 def is_reply_token(token: str) -> bool:
     """True if ``token`` has the ``<client>:<task>`` shape a client produces."""
     return isinstance(token, str) and _TOKEN.fullmatch(token) is not None
+
+
+def is_job_id(job_id: str) -> bool:
+    """True if ``job_id`` has the shape :func:`rstreamer.jobs` gives a job id (32 hex digits)."""
+    return isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) is not None
+
+
+def job_token(job_id: str) -> str:
+    """The reply token of a job's items, ``job:<id>``: the worker records their answers in the
+    job's results instead of a caller's reply list (a client's token never starts with ``job:``)."""
+    if not is_job_id(job_id):
+        raise ValueError(f"invalid job id {job_id!r}")
+    return f"job:{job_id}"
+
+
+def job_of_token(token: str) -> str | None:
+    """The job id of a job token, or None for any other token."""
+    match = _JOB_TOKEN.fullmatch(token) if isinstance(token, str) else None
+    return match.group(1) if match else None
+
+
+def is_answer_token(token: str) -> bool:
+    """True for a token an entry may carry: a caller's reply token or a job token."""
+    return job_of_token(token) is not None or is_reply_token(token)
 
 
 def prefix_of_requests_key(key: str) -> str | None:
@@ -72,11 +98,54 @@ class Keys:
         """The consumer group's name on the request stream."""
         return GROUP
 
+    @property
+    def jobs(self) -> str:
+        """Sorted set of the prefix's job ids, scored by their expiry (ms, Redis's clock)."""
+        return self._key("jobs")
+
+    @property
+    def job_events(self) -> str:
+        """Stream of job completion events (``job.done``, ``job.failed``, ``job.cancelled``)."""
+        return self._key("job-events")
+
+    def job(self, job_id: str) -> str:
+        """Hash of one job's state and counters."""
+        return self._key("job", _checked_job_id(job_id))
+
+    def job_inputs(self, job_id: str) -> str:
+        """List of a job's encoded items not fed to the workers yet."""
+        return self._key("job", _checked_job_id(job_id), "inputs")
+
+    def job_results(self, job_id: str) -> str:
+        """Hash of a job's answers: item index -> one reply message."""
+        return self._key("job", _checked_job_id(job_id), "results")
+
+    def job_log(self, job_id: str) -> str:
+        """Stream of the indexes a job's answers came in, in completion order."""
+        return self._key("job", _checked_job_id(job_id), "log")
+
+    def job_feed_stream(self, level: int | None = None) -> str:
+        """The request stream a job at priority ``level`` is fed into (None: the least urgent).
+
+        Until priority levels exist there is one stream, so every level maps to it.
+        """
+        return self.requests
+
+    def job_keys(self, job_id: str) -> list[str]:
+        """Every key of one job (to expire or delete them together)."""
+        return [self.job(job_id), self.job_inputs(job_id), self.job_results(job_id), self.job_log(job_id)]
+
     def reply(self, token: str) -> str:
         """The reply list of one call; ``token`` is ``<client>:<task>``, checked here."""
         if not is_reply_token(token):
             raise ValueError(f"invalid reply token {token!r}")
         return self._key("reply", token)
+
+
+def _checked_job_id(job_id: str) -> str:
+    if not is_job_id(job_id):
+        raise ValueError(f"invalid job id {job_id!r}")
+    return job_id
 
 
 REQUESTS_PATTERN = f"{NAMESPACE}:{{*}}:requests"

@@ -88,6 +88,141 @@ local now = redis.call('TIME')
 return {now[1], now[2], redis.call('HGETALL', KEYS[1])}
 """
 
+# Durable jobs (rstreamer.jobs, rstreamer.job_sink). A job is a hash (state, total, done,
+# failed, fed, window, level, created, expires, ttl, meta), a list of the encoded items not fed
+# yet, a hash of answers by index and a log stream of the indexes answered, in order. The
+# scripts below share these helpers (concatenated in front of each): feeding, completion and
+# events are each one atomic step, so any process may run them and none needs a lease.
+_JOB_HELPERS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- Keep a shared key alive at least ttl ms (it holds the newest job's data too).
+local function extend(key, ttl)
+  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+end
+local function event(events, kind, id, job)
+  local f = redis.call('HMGET', job, 'done', 'failed', 'total', 'ttl')
+  redis.call('XADD', events, 'MAXLEN', '~', 10000, '*', 'type', kind, 'job', id,
+             'done', f[1], 'failed', f[2], 'total', f[3], 'at', now_ms())
+  extend(events, f[4])
+end
+-- Top the job's items on the request stream up to its window, from the inputs list.
+local function feed(job, inputs, stream, token, version)
+  local f = redis.call('HMGET', job, 'state', 'fed', 'done', 'failed', 'window', 'expires')
+  if f[1] ~= 'queued' and f[1] ~= 'running' then return 0 end
+  local fed = tonumber(f[2])
+  local room = tonumber(f[5]) - (fed - tonumber(f[3]) - tonumber(f[4]))
+  if room <= 0 then return 0 end
+  local items = redis.call('LPOP', inputs, room)
+  if not items then return 0 end
+  local remaining = math.max(0, tonumber(f[6]) - now_ms())
+  for k, p in ipairs(items) do
+    redis.call('XADD', stream, '*', 'v', version, 't', token, 'i', fed + k - 1, 'r', remaining, 'd', f[6], 'p', p)
+  end
+  redis.call('HINCRBY', job, 'fed', #items)
+  return #items
+end
+-- Every item answered: the job is done (or failed when an item failed); tell the followers.
+local function complete(job, log, events, id)
+  local f = redis.call('HMGET', job, 'total', 'done', 'failed', 'expires')
+  if tonumber(f[2]) + tonumber(f[3]) < tonumber(f[1]) then return false end
+  local state = 'done'
+  if tonumber(f[3]) > 0 then state = 'failed' end
+  redis.call('HSET', job, 'state', state, 'finished', now_ms())
+  redis.call('XADD', log, '*', 'end', state)
+  redis.call('PEXPIREAT', log, f[4])
+  event(events, 'job.' .. state, id, job)
+  return true
+end
+"""
+
+# KEYS: job, inputs, jobs index, log, events, request stream. ARGV: id, token, wire version,
+# total, ttl ms, window, level ('' = least urgent), meta (JSON). The inputs were uploaded
+# before (with the TTL). Returns 1, -1 when the id exists, -2 when the inputs are incomplete.
+JOB_CREATE = _JOB_HELPERS + """
+local job, inputs, index, log, events, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, token, version, total, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+if redis.call('EXISTS', job) == 1 then return -1 end
+if redis.call('LLEN', inputs) ~= total then return -2 end
+local now = now_ms()
+local expires = now + tonumber(ttl)
+redis.call('HSET', job, 'state', 'queued', 'total', total, 'done', 0, 'failed', 0, 'fed', 0,
+           'window', ARGV[6], 'level', ARGV[7], 'meta', ARGV[8], 'created', now, 'expires', expires, 'ttl', ttl)
+redis.call('PEXPIREAT', job, expires)
+if total > 0 then redis.call('PEXPIREAT', inputs, expires) end
+redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+redis.call('ZADD', index, expires, id)
+extend(index, ttl)
+if not complete(job, log, events, id) then feed(job, inputs, stream, token, version) end
+return 1
+"""
+
+# KEYS: job, inputs, request stream. ARGV: token, wire version. Returns the items fed.
+JOB_FEED = _JOB_HELPERS + """
+return feed(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
+"""
+
+# KEYS: job hashes. Returns, per job, {state, level} ('' for a job that no longer exists);
+# a queued job becomes running. Run by a worker before it predicts: items of a job that was
+# cancelled, expired or purged are not run.
+JOB_ADMIT = "#!lua flags=allow-oom\n" + _JOB_HELPERS + """
+local out = {}
+for k, job in ipairs(KEYS) do
+  local f = redis.call('HMGET', job, 'state', 'level')
+  if f[1] == 'queued' then
+    redis.call('HSET', job, 'state', 'running', 'started', now_ms())
+    f[1] = 'running'
+  end
+  out[k] = {f[1] or '', f[2] or ''}
+end
+return out
+"""
+
+# KEYS: job, results, inputs, log, events, request stream. ARGV: id, token, wire version,
+# then per answer: index, ok (1/0), reply message. The first answer of an index is kept
+# (HSETNX) and only it counts, so a redelivered item is recorded once. Then the job is
+# completed, or fed as many new items as were answered. Returns the answers recorded. allow-oom
+# like FINISH (below): a worker at maxmemory must still record what it ran.
+JOB_RECORD = "#!lua flags=allow-oom\n" + _JOB_HELPERS + """
+local job, results, inputs, log, events, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local f = redis.call('HMGET', job, 'state', 'total', 'expires')
+if f[1] ~= 'queued' and f[1] ~= 'running' then return 0 end
+local total = tonumber(f[2])
+local ok, failed, indexes = 0, 0, {}
+for a = 4, #ARGV, 3 do
+  local i = tonumber(ARGV[a])
+  if i and i >= 0 and i < total and redis.call('HSETNX', results, ARGV[a], ARGV[a + 2]) == 1 then
+    if ARGV[a + 1] == '1' then ok = ok + 1 else failed = failed + 1 end
+    indexes[#indexes + 1] = ARGV[a]
+  end
+end
+if #indexes == 0 then return 0 end
+redis.call('PEXPIREAT', results, f[3])
+redis.call('HINCRBY', job, 'done', ok)
+redis.call('HINCRBY', job, 'failed', failed)
+if f[1] == 'queued' then redis.call('HSET', job, 'state', 'running', 'started', now_ms()) end
+redis.call('XADD', log, '*', 'i', table.concat(indexes, ','))
+redis.call('PEXPIREAT', log, f[3])
+if not complete(job, log, events, ARGV[1]) then feed(job, inputs, stream, ARGV[2], ARGV[3]) end
+return #indexes
+"""
+
+# KEYS: job, inputs, log, events. ARGV: id. Returns 1 cancelled, 0 already finished, -1 unknown.
+# The items not fed yet are dropped; the workers skip those already fed (JOB_ADMIT).
+JOB_CANCEL = _JOB_HELPERS + """
+local f = redis.call('HMGET', KEYS[1], 'state', 'expires')
+if not f[1] then return -1 end
+if f[1] ~= 'queued' and f[1] ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished', now_ms())
+redis.call('DEL', KEYS[2])
+redis.call('XADD', KEYS[3], '*', 'end', 'cancelled')
+redis.call('PEXPIREAT', KEYS[3], f[2])
+event(KEYS[4], 'job.cancelled', ARGV[1], KEYS[1])
+return 1
+"""
+
 # The worker's scripts below carry `#!lua flags=allow-oom` (Redis 7): Redis refuses every
 # command of a MULTI, and every memory-growing command of a script without the flag, once used
 # memory is over maxmemory. A worker must still be able to answer, ack and delete then, or the

@@ -7,7 +7,7 @@ replies of both. An entry of an unknown version is answered with a clear error.
 Request entry, version 2 (stream fields)::
 
     v  b"2"
-    t  reply token ``<client>:<task>`` (never a key name)
+    t  reply token ``<client>:<task>``, or ``job:<id>`` for an item of a job (never a key name)
     i  index of the item in the caller's batch
     r  the call's remaining timeout in ms when it was enqueued; the deadline is the entry id's
        ms (the Redis server's clock at XADD) plus ``r``, so no host clock is ever compared
@@ -34,7 +34,7 @@ import msgpack
 from . import codec
 from .batching import Failure, Outcome
 from .errors import DecodeError, EncodeError, FailureKind, Overloaded
-from .keys import is_reply_token
+from .keys import is_answer_token
 
 WIRE_VERSION = 2
 PREVIOUS_VERSION = 1
@@ -79,7 +79,7 @@ def reply_address(fields: Mapping[bytes, bytes] | None) -> tuple[str, int] | Non
         return None
     raw_token = fields.get(TOKEN)
     token = raw_token.decode("ascii", "replace") if isinstance(raw_token, bytes) else None
-    if token is None or not is_reply_token(token):
+    if token is None or not is_answer_token(token):
         return None
     try:
         return token, int(fields.get(INDEX, b""))

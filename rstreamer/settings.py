@@ -200,3 +200,28 @@ class WorkerSettings(EnvSettings):
         if not isinstance(self.max_batch_cost, int) or self.max_batch_cost < 0:
             raise ConfigError(f"max_batch_cost must be an integer >= 0 (0: none), got {self.max_batch_cost!r}")
         return CostBudget(self.max_batch_cost or None, parse_cost_model(self.cost_model), self.cost_lookahead)
+
+
+@dataclass(frozen=True)
+class JobSettings(EnvSettings):
+    """Settings of durable jobs (``RSTREAMER_JOB_*``; see docs/jobs.md).
+
+    job_ttl: seconds a job (state, inputs, results) lives in Redis after it is submitted,
+        unless ``submit_job(ttl=...)`` says otherwise.
+    job_max_items: a job with more items is refused at submit (JobTooLarge).
+    job_window: most items of one job on the request stream at once; the workers feed the
+        next ones as they answer, so a large job never floods the stream.
+    job_upload_chunk: items per RPUSH when a job's inputs are stored.
+    """
+
+    job_ttl: float = 24 * 3600.0
+    job_max_items: int = 1_000_000
+    job_window: int = 512
+    job_upload_chunk: int = 1000
+
+    def __post_init__(self) -> None:
+        _positive("job_ttl", self.job_ttl)
+        for name in ("job_max_items", "job_window", "job_upload_chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")

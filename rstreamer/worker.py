@@ -24,6 +24,7 @@ from .connection import RedisClient, create_redis, ensure_group, is_nogroup, nor
 from .costing import OomGuard, oom_error_types, safe_cost
 from .errors import FailureKind
 from .hooks import WorkerHooks
+from .job_sink import JobSink
 from .keys import Keys
 from .liveness import Heartbeat, live_workers, read_workers
 from .messages import (
@@ -207,6 +208,7 @@ class RedisWorker:
             self._redis, self.keys, self.name, self.settings.dead_after, self.settings.heartbeat_interval
         )
         self._finish_script = self._redis.register_script(lua.FINISH)
+        self._jobs = JobSink(self._redis, self.keys)  # items of durable jobs (rstreamer.jobs)
         heartbeat_ttl = self.settings.dead_after * 10
         self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
         self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,
@@ -385,6 +387,7 @@ class RedisWorker:
                 request_costs.append(cost)
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
+        requests, request_costs = self._jobs.admit(requests, request_costs)
         ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
                            hint=self._hint, oom=self._batcher.oom, costs=request_costs)
         self._beater.tick()
@@ -403,7 +406,9 @@ class RedisWorker:
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
-        (lua.FINISH): no reply without its ack, and a full Redis still drains."""
+        (lua.FINISH): no reply without its ack, and a full Redis still drains. Answers to job
+        items are recorded in their jobs first (see rstreamer.job_sink)."""
+        answers = self._jobs.record(answers)
         by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
             by_reply[self.keys.reply(answer.token)].append(answer)

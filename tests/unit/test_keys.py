@@ -28,7 +28,9 @@ TOKENS = ["c:0", "client:1", "host-1.pid_2:123", "a" * 64 + ":" + "9" * 20]
 
 
 def all_keys(keys: Keys) -> list[str]:
-    return [keys.requests, keys.dead, keys.workers] + [keys.reply(t) for t in TOKENS]
+    job = "0123456789abcdef0123456789abcdef"
+    return ([keys.requests, keys.dead, keys.workers, keys.jobs, keys.job_events]
+            + keys.job_keys(job) + [keys.reply(t) for t in TOKENS])
 
 
 def hash_tag(key: str) -> str:

@@ -1,0 +1,211 @@
+"""Durable jobs for asyncio: the same jobs as :mod:`rstreamer.jobs`, awaited.
+
+``await streamer.submit_job(items)`` and ``await streamer.job(job_id)`` on an
+:class:`~rstreamer.AsyncRedisStreamer` return an :class:`AsyncJob`, whose methods are the sync
+Job's as coroutines; ``async for item in job`` yields answers as they come.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from . import lua
+from .connection import broker_errors
+from .errors import BrokerUnavailable, JobCancelled, JobNotFound
+from .jobs import (
+    PAGE,
+    RETRY_PAUSE,
+    JobInfo,
+    JobItem,
+    JobState,
+    Progress,
+    Submission,
+    block_ms,
+    check_job_id,
+    chunks,
+    created_or_raise,
+    deadline,
+    decode_item,
+    log_end,
+    log_indexes,
+    not_finished,
+    parse_info,
+    prepare,
+)
+from .keys import Keys, job_token
+from .messages import WIRE_VERSION
+from .settings import JobSettings
+
+
+class AsyncJobClient:
+    """Jobs of one prefix through an asyncio Redis client."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys, url: str, max_item_bytes: int,
+                 settings: JobSettings | None = None) -> None:
+        self.redis: Any = client  # redis-py types its replies loosely (bytes | str ...)
+        self.keys = keys
+        self.url = url
+        self.max_item_bytes = max_item_bytes
+        self.settings = settings or JobSettings.from_env()
+        self._create = client.register_script(lua.JOB_CREATE)
+        self.feed_script = client.register_script(lua.JOB_FEED)
+        self.cancel_script = client.register_script(lua.JOB_CANCEL)
+
+    async def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
+                     meta: Any = None, window: int | None = None) -> AsyncJob:
+        """Store the items and feed the first window; see :meth:`AsyncRedisStreamer.submit_job`."""
+        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window)
+        with broker_errors(self.url):
+            try:
+                await self._upload(job)
+                created_or_raise(job.id, int(await self._create(keys=job.keys, args=job.args)))
+            except BaseException:
+                await asyncio.shield(self._forget_upload(job))
+                raise
+        return AsyncJob(self, job.id)
+
+    async def _upload(self, job: Submission) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for number, chunk in enumerate(chunks(job.payloads, self.settings.job_upload_chunk)):
+            pipe.rpush(job.inputs_key, *chunk)
+            if number == 0:  # first, so that a partial upload expires (see JobClient._upload)
+                pipe.pexpire(job.inputs_key, job.ttl_ms)
+            if len(pipe) >= 32:
+                await pipe.execute()
+        await pipe.execute()
+
+    async def _forget_upload(self, job: Submission) -> None:
+        try:
+            await self.redis.delete(job.inputs_key)
+        except redis.RedisError:
+            pass
+
+    async def get(self, job_id: str) -> AsyncJob:
+        """The job ``job_id``; raises InvalidJobId or JobNotFound."""
+        job = AsyncJob(self, check_job_id(job_id))
+        await job.info()
+        return job
+
+
+class AsyncJob:
+    """A handle on one job for asyncio code; see :class:`rstreamer.jobs.Job`."""
+
+    def __init__(self, jobs: AsyncJobClient, job_id: str) -> None:
+        self._jobs = jobs
+        self.id = job_id
+        self._keys = jobs.keys
+
+    def __repr__(self) -> str:
+        return f"AsyncJob({self.id!r}, prefix={self._keys.prefix!r})"
+
+    async def info(self) -> JobInfo:
+        """State, counters, times and meta; raises JobNotFound once the job expired."""
+        with broker_errors(self._jobs.url):
+            return parse_info(self.id, await self._jobs.redis.hgetall(self._keys.job(self.id)))
+
+    async def status(self) -> JobState:
+        return (await self.info()).state
+
+    async def progress(self) -> Progress:
+        return (await self.info()).progress
+
+    async def cancel(self) -> bool:
+        """Stop the job: no item not yet started runs. False if it had already finished."""
+        keys = self._keys
+        with broker_errors(self._jobs.url):
+            reply = int(await self._jobs.cancel_script(
+                keys=[keys.job(self.id), keys.job_inputs(self.id), keys.job_log(self.id), keys.job_events],
+                args=[self.id]))
+        if reply < 0:
+            raise JobNotFound(f"no job {self.id}: it never existed on this prefix, expired or was purged")
+        return reply == 1
+
+    async def feed(self) -> int:
+        """Top the job's items on the request stream up to its window (the workers do it too)."""
+        level = (await self.info()).level
+        with broker_errors(self._jobs.url):
+            return int(await self._jobs.feed_script(
+                keys=[self._keys.job(self.id), self._keys.job_inputs(self.id), self._keys.job_feed_stream(level)],
+                args=[job_token(self.id), WIRE_VERSION]))
+
+    async def wait(self, timeout: float | None = None) -> JobState:
+        """Wait until the job has finished and return its state; see :meth:`rstreamer.jobs.Job.wait`."""
+        until = deadline(timeout)
+        last = b"0-0"
+        while True:
+            try:
+                with broker_errors(self._jobs.url):
+                    pipe = self._jobs.redis.pipeline(transaction=True)
+                    pipe.hgetall(self._keys.job(self.id))
+                    pipe.xrevrange(self._keys.job_log(self.id), count=1)
+                    fields, tail = await pipe.execute()
+                state = parse_info(self.id, fields).state
+                last = tail[0][0] if tail else last
+                if state.finished:
+                    return state
+                block = block_ms(until)
+                if block is None:
+                    raise not_finished(self.id, timeout)
+                with broker_errors(self._jobs.url):
+                    await self._jobs.redis.xread({self._keys.job_log(self.id): last}, count=1, block=block)
+            except (BrokerUnavailable, redis.ConnectionError, redis.TimeoutError) as exc:
+                pause = min(RETRY_PAUSE, until - time.monotonic())
+                if pause <= 0:
+                    raise not_finished(self.id, timeout) from exc
+                await asyncio.sleep(pause)
+
+    async def result(self, timeout: float | None = None) -> list[Any]:
+        """Every item's output in input order, errors as error objects; see :meth:`rstreamer.jobs.Job.result`."""
+        state = await self.wait(timeout)
+        if state is JobState.CANCELLED:
+            raise JobCancelled(f"job {self.id} was cancelled")
+        total = (await self.info()).progress.total
+        return [item.output if item else None for item in await self._items(range(total))]
+
+    async def results_page(self, start: int = 0, count: int = PAGE) -> list[JobItem]:
+        """The answers of items ``start`` .. ``start + count - 1`` that have come, in index order."""
+        if start < 0 or count < 0:
+            raise ValueError("start and count must be >= 0")
+        return [item for item in await self._items(range(start, start + count)) if item is not None]
+
+    async def _items(self, indexes: Sequence[int]) -> list[JobItem | None]:
+        items: list[JobItem | None] = []
+        with broker_errors(self._jobs.url):
+            for page in range(0, len(indexes), PAGE):
+                chunk = indexes[page:page + PAGE]
+                if chunk:
+                    messages = await self._jobs.redis.hmget(self._keys.job_results(self.id), list(chunk))
+                    items += [decode_item(i, m) for i, m in zip(chunk, messages)]
+        return items
+
+    def __aiter__(self) -> AsyncIterator[JobItem]:
+        return self.as_completed()
+
+    async def as_completed(self, timeout: float | None = None) -> AsyncIterator[JobItem]:
+        """Yield each item's answer as it comes until the job finishes."""
+        until = deadline(timeout)
+        last = b"0-0"
+        log = self._keys.job_log(self.id)
+        while True:
+            block = block_ms(until)
+            if block is None:
+                raise not_finished(self.id, timeout)
+            with broker_errors(self._jobs.url):
+                reply = await self._jobs.redis.xread({log: last}, count=100, block=block)
+            entries = [entry for _, stream_entries in (reply or []) for entry in stream_entries]
+            if not entries:
+                if (await self.info()).state.finished and not await self._jobs.redis.exists(log):
+                    return
+                continue
+            for entry_id, fields in entries:
+                last = entry_id
+                if log_end(fields):
+                    return
+                for item in await self._items(log_indexes(fields)):
+                    if item is not None:
+                        yield item
