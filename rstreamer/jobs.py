@@ -104,6 +104,23 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
+class JobEvent:
+    """One record of a prefix's job events stream: a job finished (``job.done``,
+    ``job.failed``) or was cancelled (``job.cancelled``). ``event_id`` is its stream id: pass
+    it back as ``after`` to read the events that follow."""
+
+    event_id: str
+    type: str
+    job_id: str
+    progress: Progress
+    at: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {"event_id": self.event_id, "type": self.type, "job_id": self.job_id, "done": self.progress.done,
+                "failed": self.progress.failed, "total": self.progress.total, "at": self.at}
+
+
+@dataclass(frozen=True)
 class JobItem:
     """The answer to one item: ``value``, or ``error`` (an RStreamerError) when it failed."""
 
@@ -206,6 +223,13 @@ def parse_info(job_id: str, fields: Mapping[bytes, bytes]) -> JobInfo:
         _number(fields, "fed"), _number(fields, "window"), int(level) if level else None,
         json.loads(meta) if meta else None, _seconds(fields, "started"), _seconds(fields, "finished"),
     )
+
+
+def parse_event(event_id: bytes, fields: Mapping[bytes, bytes]) -> JobEvent:
+    """Decode one record of the job events stream."""
+    return JobEvent(event_id.decode(), _text(fields, "type"), _text(fields, "job"),
+                    Progress(_number(fields, "done"), _number(fields, "failed"), _number(fields, "total")),
+                    _number(fields, "at") / 1000)
 
 
 def decode_item(index: int, message: bytes | None) -> JobItem | None:
@@ -361,6 +385,22 @@ class JobClient:
                 pipe.hgetall(self.keys.job(job_id))
             hashes = pipe.execute()
         return [parse_info(job_id, fields) for job_id, fields in zip(ids, hashes) if fields]
+
+    def read_events(self, after: str = "0-0", timeout: float | None = 0.0, count: int = 100) -> list[JobEvent]:
+        """The job events after the event id ``after`` ("0-0": the oldest kept, "$": only new
+        ones), at most ``count``; waits up to ``timeout`` seconds for one (0: no wait, None:
+        until one comes). Follow the stream by passing the last event's ``event_id`` back."""
+        until = deadline(timeout)
+        with broker_errors(self.url):
+            if after == "$":  # pinned once, so that no event is missed between two blocking reads
+                newest = self.redis.xrevrange(self.keys.job_events, count=1)
+                after = newest[0][0].decode() if newest else "0-0"
+            while True:
+                block = None if timeout == 0 else block_ms(until)
+                reply = self.redis.xread({self.keys.job_events: after}, count=count, block=block)
+                events = [parse_event(i, f) for _, entries in (reply or []) for i, f in entries]
+                if events or block is None:
+                    return events
 
     def purge(self, job_id: str) -> bool:
         """Delete a job and its results now (cancelling it if it runs); True if it existed."""

@@ -1,0 +1,122 @@
+"""Durable jobs under cancel, expiry, worker crashes and a Redis restart (real processes)."""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+
+import pytest
+import redis
+
+from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer
+from rstreamer.keys import Keys
+from support.procs import WorkerProcesses, wait_until
+from support.servers import ServerProcess
+
+
+def recorded(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_cancel_runs_no_more_items(redis_client, redis_url, prefix, workers, tmp_path):
+    log = tmp_path / "ran.txt"
+    workers.start(prefix, model="support.models:Recorder", batch_size=8, init_kwargs={"path": str(log), "delay": 0.02})
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job(range(5000), window=64)
+        wait_until(lambda: job.progress().answered >= 100, timeout=30, what="100 answers")
+        assert job.cancel() is True
+        ran_at_cancel = len(recorded(log))
+        assert job.status() is JobState.CANCELLED and job.cancel() is False
+        # the fed items drain from the stream without running: at most the batch in flight ran
+        wait_until(lambda: redis_client.xlen(Keys(prefix).requests) == 0, timeout=30, what="the stream drained")
+        assert len(recorded(log)) <= ran_at_cancel + 8
+        assert not redis_client.exists(Keys(prefix).job_inputs(job.id))
+        with pytest.raises(JobCancelled):
+            job.result(timeout=5)
+        assert job.wait(timeout=5) is JobState.CANCELLED
+        answered = job.progress().answered
+        assert len(job.results_page(0, 5000)) == answered < 5000
+        events = streamer.jobs.read_events()
+        assert [(e.type, e.job_id) for e in events] == [("job.cancelled", job.id)]
+
+
+def test_expired_job_is_gone_and_its_items_do_not_run(redis_client, redis_url, prefix, workers, tmp_path):
+    log = tmp_path / "ran.txt"
+    keys = Keys(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job(range(100), ttl=0.5, window=10)
+        with pytest.raises(JobNotFound):
+            job.wait(timeout=30)  # it expires while waited on
+        with pytest.raises(JobNotFound):
+            streamer.job(job.id)
+        assert not any(redis_client.exists(key) for key in keys.job_keys(job.id))
+        assert redis_client.xlen(keys.requests) == 10
+        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)})
+        wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=30, what="the stream drained")
+        assert recorded(log) == []
+        assert streamer.jobs.list() == []
+
+
+def test_events_stream_and_wait(redis_url, prefix, workers):
+    workers.start(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        assert streamer.jobs.read_events() == []
+        ok = streamer.submit_job([1, 2])
+        assert ok.wait(timeout=30) is JobState.DONE
+        bad = streamer.submit_job(["boom"])
+        assert bad.wait(timeout=30) is JobState.FAILED
+        events = streamer.jobs.read_events()
+        assert [(e.type, e.job_id, e.progress) for e in events] == [
+            ("job.done", ok.id, Progress(2, 0, 2)), ("job.failed", bad.id, Progress(0, 1, 1))]
+        # follow: a blocking read from the last id returns the next event
+        third = streamer.submit_job([5])
+        (event,) = streamer.jobs.read_events(after=events[-1].event_id, timeout=30)
+        assert (event.type, event.job_id) == ("job.done", third.id)
+        with pytest.raises(Exception, match="did not finish"):
+            streamer.submit_job([["sleep", 5]]).wait(timeout=0.2)
+
+
+def test_worker_killed_mid_job_every_item_answered_once(redis_client, redis_url, prefix, workers, tmp_path):
+    log = tmp_path / "ran.txt"
+    settings = {"heartbeat_interval": 0.2, "dead_after": 1.0, "reclaim_interval": 0.2}
+    spec = {"model": "support.models:Recorder", "batch_size": 8, "settings": settings,
+            "init_kwargs": {"path": str(log), "delay": 0.01}}
+    victim = workers.start(prefix, **spec)
+    workers.start(prefix, **spec)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job(range(3000), window=128)
+        wait_until(lambda: job.progress().answered >= 500, timeout=60, what="500 answers")
+        os.killpg(victim.pid, signal.SIGKILL)
+        assert job.result(timeout=120) == [2 * n for n in range(3000)]
+        assert job.progress() == Progress(3000, 0, 3000)
+        indexes = collections.Counter(item.index for item in job)
+        assert len(indexes) == 3000 and set(indexes.values()) == {1}  # each answered once
+        assert redis_client.hlen(Keys(prefix).job_results(job.id)) == 3000
+        assert len(recorded(log)) >= 3000  # at least once: the victim's batch may have run twice
+
+
+@pytest.fixture
+def aof_server():
+    server = ServerProcess("aof", [])
+    server.args = ["--port", str(server.port), "--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+    server.start(lambda: redis.Redis(port=server.port).ping())
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_job_survives_a_redis_restart_with_aof(aof_server, prefix, tmp_path):
+    url = f"redis://127.0.0.1:{aof_server.port}/0"
+    workers = WorkerProcesses(url)
+    try:
+        workers.start(prefix, batch_size=8, init_kwargs={"delay": 0.01})
+        with RedisStreamer(url, prefix) as streamer:
+            job = streamer.submit_job(range(2000), window=64, meta={"kept": True})
+            wait_until(lambda: job.progress().answered >= 200, timeout=60, what="200 answers")
+            aof_server.stop()
+            aof_server.start(lambda: redis.Redis(port=aof_server.port).ping())
+            assert job.result(timeout=120) == [2 * n for n in range(2000)]
+            assert job.progress() == Progress(2000, 0, 2000) and job.info().meta == {"kept": True}
+    finally:
+        workers.stop_all()
