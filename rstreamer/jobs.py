@@ -11,6 +11,7 @@ pure helpers (ids, encoding, decoding of the hash and the answers) and the sync 
 """
 from __future__ import annotations
 
+import builtins
 import enum
 import json
 import time
@@ -386,7 +387,7 @@ class JobClient:
             hashes = pipe.execute()
         return [parse_info(job_id, fields) for job_id, fields in zip(ids, hashes) if fields]
 
-    def read_events(self, after: str = "0-0", timeout: float | None = 0.0, count: int = 100) -> list[JobEvent]:
+    def read_events(self, after: str = "0-0", timeout: float | None = 0.0, count: int = 100) -> builtins.list[JobEvent]:
         """The job events after the event id ``after`` ("0-0": the oldest kept, "$": only new
         ones), at most ``count``; waits up to ``timeout`` seconds for one (0: no wait, None:
         until one comes). Follow the stream by passing the last event's ``event_id`` back."""
