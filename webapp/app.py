@@ -21,7 +21,7 @@ from rstreamer.connection import RedisClient, create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
 
-from . import metrics, protocol
+from . import jobs, metrics, protocol
 from .config import WebConfig
 from .gate import WorkerGate
 
@@ -76,6 +76,7 @@ def create_app(config: WebConfig | None = None) -> Flask:
     app.extensions["rstreamer"] = streamer
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
     _add_routes(app, config, streamer, probe, gate)
+    _add_job_routes(app, config, streamer)
     app.register_error_handler(HTTPException, _http_error)
     return app
 
@@ -120,6 +121,48 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
     def prometheus() -> Response:
         body, content_type = metrics.render()
         return Response(body, 200, content_type=content_type)
+
+
+def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreamer]) -> None:
+    """``POST /jobs``, ``GET /jobs/<id>``, ``DELETE /jobs/<id>`` (see webapp/jobs.py)."""
+
+    def answer(route: str, handler: Callable[[], tuple[int, bytes, dict[str, str]]]) -> Response:
+        try:
+            status, body, headers = handler()
+        except Exception as exc:  # every failure becomes a JSON error with its status
+            status, body, headers = protocol.error_reply(exc)
+        metrics.count_response(route, status)
+        return Response(body, status, headers, mimetype=protocol.JSON)
+
+    @app.post("/jobs")
+    def submit_job() -> Response:
+        def submit() -> tuple[int, bytes, dict[str, str]]:
+            try:
+                body = request.get_data(cache=False)
+            except RequestEntityTooLarge:
+                raise protocol.too_large(config.max_body) from None
+            job_request = jobs.parse_job_request(request.content_type, body)
+            job = streamer.get().submit_job(job_request.inputs, ttl=job_request.ttl, meta=job_request.meta)
+            return (202, *jobs.submitted(job.id))
+        return answer("/jobs", submit)
+
+    @app.get("/jobs/<job_id>")
+    def show_job(job_id: str) -> Response:
+        def show() -> tuple[int, bytes, dict[str, str]]:
+            start, count = jobs.page_params(request.args)
+            job = streamer.get().job(job_id)
+            info = job.info()
+            items = job.results_page(start, count) if jobs.wants_outputs(info) else None
+            return 200, jobs.status_body(info, items, start, count), {}
+        return answer("/jobs/<id>", show)
+
+    @app.delete("/jobs/<job_id>")
+    def cancel_job(job_id: str) -> Response:
+        def cancel() -> tuple[int, bytes, dict[str, str]]:
+            job = streamer.get().job(job_id)
+            job.cancel()
+            return 200, jobs.status_body(job.info(), None, 0, 0), {}
+        return answer("/jobs/<id>", cancel)
 
 
 def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> bytes:

@@ -9,7 +9,7 @@ loop only parses requests and awaits answers; it never runs the model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import redis
@@ -24,7 +24,7 @@ from rstreamer.connection import create_async_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import parse_read_workers
 
-from . import metrics, protocol
+from . import jobs, metrics, protocol
 from .config import WebConfig
 from .gate import WorkerGate
 
@@ -39,6 +39,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Built inside the server's event loop, which their connections belong to.
+        app.state.config = config
         app.state.streamer = AsyncRedisStreamer(config.redis_url, config.prefix, settings=config.client)
         app.state.probe = create_async_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0)
         app.state.gate = WorkerGate(config.prefix, config.dead_after, config.no_worker_grace)
@@ -70,6 +71,9 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
+        Route("/jobs", _submit_job, methods=["POST"]),
+        Route("/jobs/{job_id}", _show_job, methods=["GET"]),
+        Route("/jobs/{job_id}", _cancel_job, methods=["DELETE"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
 
@@ -92,6 +96,43 @@ async def _check_workers(state: Any, keys: Keys) -> None:
         except redis.RedisError:
             pass  # the call itself reports Redis's failure
     gate.check()
+
+
+async def _job_answer(route: str, handler: Callable[[], Awaitable[tuple[int, bytes, dict[str, str]]]]) -> Response:
+    try:
+        status, body, headers = await handler()
+    except Exception as exc:  # every failure becomes a JSON error with its status
+        status, body, headers = protocol.error_reply(exc)
+    metrics.count_response(route, status)
+    return Response(body, status, headers, media_type=protocol.JSON)
+
+
+async def _submit_job(request: Request) -> Response:
+    async def submit() -> tuple[int, bytes, dict[str, str]]:
+        body = await _read_body(request, request.app.state.config.max_body)
+        job_request = jobs.parse_job_request(request.headers.get("content-type"), body)
+        job = await request.app.state.streamer.submit_job(job_request.inputs, ttl=job_request.ttl,
+                                                          meta=job_request.meta)
+        return (202, *jobs.submitted(job.id))
+    return await _job_answer("/jobs", submit)
+
+
+async def _show_job(request: Request) -> Response:
+    async def show() -> tuple[int, bytes, dict[str, str]]:
+        start, count = jobs.page_params(request.query_params)
+        job = await request.app.state.streamer.job(request.path_params["job_id"])
+        info = await job.info()
+        items = await job.results_page(start, count) if jobs.wants_outputs(info) else None
+        return 200, jobs.status_body(info, items, start, count), {}
+    return await _job_answer("/jobs/<id>", show)
+
+
+async def _cancel_job(request: Request) -> Response:
+    async def cancel() -> tuple[int, bytes, dict[str, str]]:
+        job = await request.app.state.streamer.job(request.path_params["job_id"])
+        await job.cancel()
+        return 200, jobs.status_body(await job.info(), None, 0, 0), {}
+    return await _job_answer("/jobs/<id>", cancel)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

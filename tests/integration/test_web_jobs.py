@@ -1,0 +1,57 @@
+"""Jobs over HTTP: the Flask app under gunicorn and the ASGI app under uvicorn, real workers."""
+from __future__ import annotations
+
+import pytest
+from support.procs import wait_until
+from support.web import web  # noqa: F401  (web is a fixture)
+
+from rstreamer.keys import Keys
+
+
+@pytest.fixture(params=["gunicorn", "uvicorn"])
+def server(request, prefix, web):  # noqa: F811
+    return getattr(web, request.param)(prefix)
+
+
+def test_submit_follow_and_page_outputs(redis_url, prefix, workers, server):
+    workers.start(prefix, batch_size=16)
+    inputs = list(range(2500)) + ["boom"]
+    response = server.client.post("/jobs", json={"inputs": inputs, "ttl": 600, "meta": {"who": "web"}})
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert response.headers["location"] == body["status_url"] == f"/jobs/{body['job_id']}"
+
+    def finished():
+        document = server.client.get(body["status_url"]).json()
+        return document if document["status"] in ("done", "failed") else None
+
+    document = wait_until(finished, timeout=60, what="the job finished")
+    assert document["status"] == "failed" and (document["done"], document["failed"], document["total"]) == (2500, 1, 2501)
+    assert document["meta"] == {"who": "web"} and document["start"] == 0
+    assert document["outputs"][:2] == [{"index": 0, "output": 0}, {"index": 1, "output": 2}]
+    assert len(document["outputs"]) == 1000 and document["next"] == f"{body['status_url']}?start=1000&count=1000"
+    last = server.client.get(f"{body['status_url']}?start=2400&count=1000").json()
+    assert last["next"] is None and len(last["outputs"]) == 101
+    assert last["outputs"][-1] == {"index": 2500, "error": {"type": "ValueError", "message": "boom is not a number"}}
+
+
+def test_cancel_unknown_and_bad_requests(redis_client, prefix, workers, server):
+    response = server.client.post("/jobs", json={"inputs": [1, 2, 3]})
+    url = response.json()["status_url"]
+    assert server.client.get(url).json()["status"] == "queued"  # no worker yet
+    cancelled = server.client.delete(url)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    document = server.client.get(url).json()
+    assert document["status"] == "cancelled" and document["outputs"] == []
+    for path in ["/jobs/" + "0" * 32, "/jobs/not-a-job"]:
+        for method in ("GET", "DELETE"):
+            missing = server.client.request(method, path)
+            assert missing.status_code in (400, 404) and missing.json()["error"]["type"] in ("JobNotFound", "InvalidJobId")
+    assert server.client.get("/jobs/" + "0" * 32).status_code == 404
+    for bad in [{"inputs": 3}, {"inputs": [1], "ttl": -1}, {"inputs": [1], "priority": 0}, [1]]:
+        refused = server.client.post("/jobs", json=bad)
+        assert refused.status_code == 400 and refused.json()["error"]["type"] == "BadRequest", bad
+    assert server.client.post("/jobs", content=b"{", headers={"content-type": "application/json"}).status_code == 400
+    assert server.client.get(f"{url}?count=0").status_code == 400
+    assert server.client.get(f"{url}?start=x").status_code == 400
+    assert not redis_client.exists(Keys(prefix).job_inputs(url.rsplit("/", 1)[1]))

@@ -1,0 +1,104 @@
+"""What the Flask and the Starlette apps share for durable jobs: ``POST /jobs``, ``GET /jobs/<id>``,
+``DELETE /jobs/<id>``. Request parsing and response bodies only; the apps do the I/O.
+
+``POST /jobs`` takes ``{"inputs": [...], "ttl": seconds?, "meta": any?}`` and answers 202 with
+``{"job_id", "status_url"}`` and a ``Location`` header. ``GET /jobs/<id>?start=0&count=1000``
+answers the job's status and counters and, once it has finished, one page of its outputs
+(``{"index", "output"}`` or ``{"index", "error": {"type", "message"}}``) with the URL of the next
+page. An unknown or expired id is a 404.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rstreamer.errors import RemoteError
+from rstreamer.jobs import JobInfo, JobItem
+
+from .protocol import JSON, bad_request, dumps
+
+MAX_PAGE = 1000
+"""Most outputs one ``GET /jobs/<id>`` returns."""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A parsed ``POST /jobs`` body."""
+
+    inputs: list[Any]
+    ttl: float | None = None
+    meta: Any = None
+
+
+def parse_job_request(content_type: str | None, body: bytes) -> JobRequest:
+    """The job a ``POST /jobs`` body asks for; raises a 400 HTTPError for anything else."""
+    mimetype = (content_type or "").split(";", 1)[0].strip().lower()
+    if mimetype != JSON and not mimetype.endswith("+json"):
+        raise bad_request(f'send {JSON} {{"inputs": [...]}}, not {mimetype or "no type"}')
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise bad_request(f"body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("inputs"), list):
+        raise bad_request('expected a JSON object {"inputs": [...]}')
+    unknown = set(document) - {"inputs", "ttl", "meta"}
+    if unknown:
+        raise bad_request(f"unknown fields {sorted(unknown)}: a job takes inputs, ttl and meta")
+    ttl = document.get("ttl")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
+        raise bad_request(f'"ttl" must be a number of seconds > 0, got {ttl!r}')
+    return JobRequest(document["inputs"], ttl, document.get("meta"))
+
+
+def status_url(job_id: str) -> str:
+    return f"/jobs/{job_id}"
+
+
+def submitted(job_id: str) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of the 202 answering ``POST /jobs``."""
+    url = status_url(job_id)
+    return dumps({"job_id": job_id, "status_url": url}), {"Location": url}
+
+
+def page_params(query: Mapping[str, str]) -> tuple[int, int]:
+    """``start`` and ``count`` of ``GET /jobs/<id>``; raises a 400 HTTPError when they are not numbers in range."""
+    values = []
+    for name, default, low, high in (("start", 0, 0, None), ("count", MAX_PAGE, 1, MAX_PAGE)):
+        raw = query.get(name)
+        try:
+            value = default if raw in (None, "") else int(str(raw))
+        except ValueError:
+            raise bad_request(f"{name} must be an integer, got {raw!r}") from None
+        if value < low or (high is not None and value > high):
+            raise bad_request(f"{name} must be between {low} and {high or 'infinity'}, got {value}")
+        values.append(value)
+    return values[0], values[1]
+
+
+def wants_outputs(info: JobInfo) -> bool:
+    """Outputs are listed once the job has finished (a cancelled one lists what was answered)."""
+    return info.state.finished
+
+
+def status_body(info: JobInfo, items: list[JobItem] | None, start: int, count: int) -> bytes:
+    """The body of ``GET /jobs/<id>``: the job, and one page of outputs when ``items`` is given."""
+    document = info.as_json()
+    document["status_url"] = status_url(info.id)
+    if items is not None:
+        document["outputs"] = [_item(item) for item in items]
+        document["start"] = start
+        following = start + count
+        document["next"] = (f"{status_url(info.id)}?start={following}&count={count}"
+                            if following < info.progress.total else None)
+    return dumps(document)
+
+
+def _item(item: JobItem) -> dict[str, Any]:
+    if item.error is None:
+        return {"index": item.index, "output": item.value}
+    error = item.error
+    if isinstance(error, RemoteError):
+        return {"index": item.index, "error": {"type": error.remote_type, "message": error.remote_message}}
+    return {"index": item.index, "error": {"type": type(error).__name__, "message": str(error)}}
