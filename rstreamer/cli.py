@@ -39,6 +39,8 @@ commands:
   bench    benchmarks
   dashboard  live page of queues, workers and dead letters (--help for options)
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
+  jobs     durable jobs: list, show, cancel, purge (--help for options)
+  dead     dead letters: list, show, replay, purge (--help for options)
   worker   the same as rstreamer-worker
 """
 
@@ -391,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(rest)
     commands: dict[str, Callable[[list[str]], int]] = {
         "demo": _demo_main, "status": status_main, "bench": bench_main, "chaos": _chaos_main,
-        "dashboard": _dashboard_main,
+        "dashboard": _dashboard_main, "jobs": _jobs_main, "dead": _dead_main,
     }
     if command not in commands:
         print(f"rstreamer: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
@@ -408,6 +410,18 @@ def _chaos_main(argv: list[str]) -> int:
     from .tools.chaos import main as chaos_main
 
     return chaos_main(argv)
+
+
+def _jobs_main(argv: list[str]) -> int:
+    from .cli_admin import jobs_main
+
+    return jobs_main(argv)
+
+
+def _dead_main(argv: list[str]) -> int:
+    from .cli_admin import dead_main
+
+    return dead_main(argv)
 
 
 def _demo_main(argv: list[str]) -> int:

@@ -39,6 +39,7 @@ class DeadLetter:
     reason: str
     worker: str
     preview: str
+    deliveries: int = 0  # 0: not recorded (a letter of an older worker)
 
 
 def read_dead_letters(client: RedisClient, keys: Keys, count: int = 50) -> list[DeadLetter]:
@@ -50,7 +51,29 @@ def read_dead_letters(client: RedisClient, keys: Keys, count: int = 50) -> list[
 def _letter(letter_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
     text = letter_id.decode()
     return DeadLetter(text, int(text.split("-")[0]), _text(fields.get(b"entry")), _text(fields.get(b"reason")),
-                      _text(fields.get(b"worker")), payload_preview(fields.get(FIELD_PREFIX + PAYLOAD)))
+                      _text(fields.get(b"worker")), payload_preview(fields.get(FIELD_PREFIX + PAYLOAD)),
+                      _deliveries(fields))
+
+
+def _deliveries(fields: dict[bytes, bytes]) -> int:
+    try:
+        return int(fields.get(b"deliveries") or 0)
+    except ValueError:
+        return 0
+
+
+def read_dead_letter(client: redis.Redis, keys: Keys, letter_id: str) -> tuple[DeadLetter, dict[str, str]] | None:
+    """One dead letter and every field of its original entry (payload rendered as a preview), or None."""
+    found: Any = client.xrange(keys.dead, letter_id, letter_id, count=1)
+    if not found:
+        return None
+    (raw_id, fields), = found
+    entry = {}
+    for name, value in fields.items():
+        if name.startswith(FIELD_PREFIX):
+            field = name[len(FIELD_PREFIX):].decode("utf-8", "replace")
+            entry[field] = payload_preview(value) if name == FIELD_PREFIX + PAYLOAD else _text(value)
+    return _letter(raw_id, fields), entry
 
 
 def _text(value: bytes | None) -> str:

@@ -66,6 +66,7 @@ class DeadLetter:
     entry_id: bytes
     fields: dict[bytes, bytes] | None
     reason: str
+    deliveries: int = 1  # times it was read; `rstreamer dead list` shows it
 
 
 @dataclass
@@ -434,7 +435,8 @@ class RedisWorker:
     def _dead_record(self, letter: DeadLetter) -> list[bytes]:
         """A dead letter's fields and values, flat; fields that alone exceed the byte cap are
         replaced by their size."""
-        record = {b"entry": letter.entry_id, b"reason": letter.reason.encode(), b"worker": self.name.encode()}
+        record = {b"entry": letter.entry_id, b"reason": letter.reason.encode(), b"worker": self.name.encode(),
+                  b"deliveries": str(letter.deliveries).encode()}
         for name, value in (letter.fields or {}).items():
             if len(value) > self.settings.dead_max_bytes // 2:
                 record[b"dropped_" + name] = str(len(value)).encode()
@@ -481,7 +483,7 @@ class RedisWorker:
         for entry_id, fields in claimed:
             reason = (f"delivered {deliveries.get(entry_id, 0)} times without an answer "
                       f"(max_deliveries={self.settings.max_deliveries})")
-            dead.append(DeadLetter(entry_id, fields, reason))
+            dead.append(DeadLetter(entry_id, fields, reason, deliveries.get(entry_id, 0)))
             address = reply_address(fields)
             if address:
                 answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
