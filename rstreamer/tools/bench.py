@@ -860,12 +860,16 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost] ...``: every transport side by side, or the cost-batching bench."""
+    """``rstreamer bench [cost|jobs] ...``: every transport side by side, the cost-batching bench or the jobs bench."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["cost"]:
         from .bench_cost import main as cost_main
 
         return cost_main(argv[1:])
+    if argv[:1] == ["jobs"]:
+        from .bench_jobs import main as jobs_main
+
+        return jobs_main(argv[1:])
     return _main(argv)
 
 
