@@ -128,9 +128,10 @@ class AsyncRedisStreamer:
         return await future.result()
 
     async def submit_job(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
-                         meta: Any = None, *, window: int | None = None) -> AsyncJob:
+                         meta: Any = None, *, window: int | None = None,
+                         webhook: str | None = None) -> AsyncJob:
         """Store ``items`` as a durable job; see :meth:`rstreamer.RedisStreamer.submit_job`."""
-        return await self.jobs.submit(items, ttl, priority, meta, window)
+        return await self.jobs.submit(items, ttl, priority, meta, window, webhook)
 
     async def job(self, job_id: str) -> AsyncJob:
         """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""

@@ -26,6 +26,7 @@ from .jobs import (
     Progress,
     Submission,
     block_ms,
+    cancel_keys,
     check_job_id,
     chunks,
     created_or_raise,
@@ -57,9 +58,9 @@ class AsyncJobClient:
         self.cancel_script = client.register_script(lua.JOB_CANCEL)
 
     async def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
-                     meta: Any = None, window: int | None = None) -> AsyncJob:
+                     meta: Any = None, window: int | None = None, webhook: str | None = None) -> AsyncJob:
         """Store the items and feed the first window; see :meth:`AsyncRedisStreamer.submit_job`."""
-        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window)
+        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook)
         with broker_errors(self.url):
             try:
                 await self._upload(job)
@@ -118,9 +119,7 @@ class AsyncJob:
         """Stop the job: no item not yet started runs. False if it had already finished."""
         keys = self._keys
         with broker_errors(self._jobs.url):
-            reply = int(await self._jobs.cancel_script(
-                keys=[keys.job(self.id), keys.job_inputs(self.id), keys.job_log(self.id), keys.job_events],
-                args=[self.id]))
+            reply = int(await self._jobs.cancel_script(keys=cancel_keys(keys, self.id), args=[self.id]))
         if reply < 0:
             raise JobNotFound(f"no job {self.id}: it never existed on this prefix, expired or was purged")
         return reply == 1

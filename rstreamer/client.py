@@ -55,17 +55,20 @@ class RedisStreamer(BaseStreamer):
         return future
 
     def submit_job(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
-                   meta: Any = None, *, window: int | None = None) -> Job:
+                   meta: Any = None, *, window: int | None = None,
+                   webhook: str | None = None) -> Job:
         """Store ``items`` as a durable job and return its :class:`~rstreamer.jobs.Job` at once.
 
         The workers run it as they have room, ``window`` items at a time (default
         ``RSTREAMER_JOB_WINDOW``), at ``priority`` (None: the least urgent level); its state
         and outputs stay in Redis for ``ttl`` seconds (default ``RSTREAMER_JOB_TTL``, 24 h),
         readable from any process with :meth:`job`. ``meta`` is any JSON value kept with it.
+        ``webhook``: an http(s) URL a worker POSTs the job's completion event to, once, with
+        retries (see docs/jobs.md).
         Raises EncodeError for an item that cannot be sent (named by its index) and JobTooLarge
         past ``RSTREAMER_JOB_MAX_ITEMS`` items.
         """
-        return self.jobs.submit(items, ttl, priority, meta, window)
+        return self.jobs.submit(items, ttl, priority, meta, window, webhook)
 
     def job(self, job_id: str) -> Job:
         """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""

@@ -88,7 +88,7 @@ class JobSink:
             (message,) = pack_results([(answer.index, answer.outcome)], WIRE_VERSION, self._max_bytes)
             args += [answer.index, 1 if answer.outcome.ok else 0, message]
         self._record(keys=[keys.job(job), keys.job_results(job), keys.job_inputs(job), keys.job_log(job),
-                           keys.job_events, keys.job_feed_stream(self._level(job))], args=args)
+                           keys.job_events, keys.job_feed_stream(self._level(job)), keys.webhooks], args=args)
 
     def _remember(self, job: str, level: int | None) -> None:
         self._levels[job] = level

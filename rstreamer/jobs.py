@@ -15,6 +15,7 @@ import builtins
 import enum
 import json
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from .messages import WIRE_VERSION
 from .replies import decode_reply
 from .settings import JobSettings
 
+MAX_WEBHOOK_LENGTH = 2048
 MAX_META_BYTES = 64 * 1024
 """Largest ``meta`` (as JSON) a job may carry."""
 PAGE = 1000
@@ -95,13 +97,14 @@ class JobInfo:
     meta: Any = None
     started: float | None = None
     finished: float | None = None
+    webhook: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The job as a JSON object (the web API's and the CLI's)."""
         return {"job_id": self.id, "status": self.state.value, "done": self.progress.done,
                 "failed": self.progress.failed, "total": self.progress.total, "created": self.created,
                 "expires": self.expires, "started": self.started, "finished": self.finished,
-                "priority": self.level, "meta": self.meta}
+                "priority": self.level, "meta": self.meta, "webhook": self.webhook}
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,7 @@ def parse_info(job_id: str, fields: Mapping[bytes, bytes]) -> JobInfo:
         _number(fields, "created") / 1000, _number(fields, "expires") / 1000,
         _number(fields, "fed"), _number(fields, "window"), int(level) if level else None,
         json.loads(meta) if meta else None, _seconds(fields, "started"), _seconds(fields, "finished"),
+        _text(fields, "webhook") or None,
     )
 
 
@@ -299,9 +303,10 @@ class Submission:
 
 
 def prepare(keys: Keys, items: Iterable[Any], settings: JobSettings, max_item_bytes: int, ttl: float | None,
-            priority: int | None, meta: Any, window: int | None) -> Submission:
+            priority: int | None, meta: Any, window: int | None, webhook: str | None = None) -> Submission:
     """Validate and encode a job; raises EncodeError, JobTooLarge or ValueError."""
     level = check_level(priority)
+    hook = check_webhook(webhook)
     duration = ttl_ms(ttl, settings)
     window = settings.job_window if window is None else window
     if not isinstance(window, int) or window < 1:
@@ -312,10 +317,27 @@ def prepare(keys: Keys, items: Iterable[Any], settings: JobSettings, max_item_by
     stream = keys.job_feed_stream(int(level) if level else None)
     return Submission(
         job_id, payloads,
-        [keys.job(job_id), keys.job_inputs(job_id), keys.jobs, keys.job_log(job_id), keys.job_events, stream],
-        [job_id, job_token(job_id), WIRE_VERSION, len(payloads), duration, window, level, meta_text],
+        [keys.job(job_id), keys.job_inputs(job_id), keys.jobs, keys.job_log(job_id), keys.job_events, stream,
+         keys.webhooks],
+        [job_id, job_token(job_id), WIRE_VERSION, len(payloads), duration, window, level, meta_text, hook],
         keys.job_inputs(job_id), duration,
     )
+
+
+def cancel_keys(keys: Keys, job_id: str) -> list[str]:
+    """KEYS of the JOB_CANCEL script."""
+    return [keys.job(job_id), keys.job_inputs(job_id), keys.job_log(job_id), keys.job_events, keys.webhooks]
+
+
+def check_webhook(url: str | None) -> str:
+    """The webhook URL as stored ('' for none); raises ValueError unless it is an http(s) URL."""
+    if url is None:
+        return ""
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or len(url) > MAX_WEBHOOK_LENGTH:
+        raise ValueError(f"webhook must be an http:// or https:// URL of at most {MAX_WEBHOOK_LENGTH} characters, "
+                         f"got {url!r}")
+    return url
 
 
 def chunks(payloads: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
@@ -340,9 +362,9 @@ class JobClient:
         self.cancel_script = client.register_script(lua.JOB_CANCEL)
 
     def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
-               meta: Any = None, window: int | None = None) -> Job:
+               meta: Any = None, window: int | None = None, webhook: str | None = None) -> Job:
         """Store the items and feed the first window; see :meth:`RedisStreamer.submit_job`."""
-        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window)
+        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook)
         with broker_errors(self.url):
             try:
                 self._upload(job)
@@ -407,8 +429,7 @@ class JobClient:
         """Delete a job and its results now (cancelling it if it runs); True if it existed."""
         job_id = check_job_id(job_id)
         with broker_errors(self.url):
-            self.cancel_script(keys=[self.keys.job(job_id), self.keys.job_inputs(job_id), self.keys.job_log(job_id),
-                                     self.keys.job_events], args=[job_id])
+            self.cancel_script(keys=cancel_keys(self.keys, job_id), args=[job_id])
             pipe = self.redis.pipeline(transaction=True)
             pipe.delete(*self.keys.job_keys(job_id))
             pipe.zrem(self.keys.jobs, job_id)
@@ -447,9 +468,7 @@ class Job:
     def cancel(self) -> bool:
         """Stop the job: no item not yet started runs. False if it had already finished."""
         with broker_errors(self._jobs.url):
-            reply = int(self._jobs.cancel_script(
-                keys=[self._keys.job(self.id), self._keys.job_inputs(self.id), self._keys.job_log(self.id),
-                      self._keys.job_events], args=[self.id]))
+            reply = int(self._jobs.cancel_script(keys=cancel_keys(self._keys, self.id), args=[self.id]))
         if reply < 0:
             raise JobNotFound(f"no job {self.id}: it never existed on this prefix, expired or was purged")
         return reply == 1

@@ -12,6 +12,7 @@ from .errors import ConfigError
 
 NAMESPACE = "rstreamer"
 GROUP = "workers"
+WEBHOOK_GROUP = "webhooks"
 DEFAULT_PREFIX = "default"
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
@@ -107,6 +108,15 @@ class Keys:
     def job_events(self) -> str:
         """Stream of job completion events (``job.done``, ``job.failed``, ``job.cancelled``)."""
         return self._key("job-events")
+
+    @property
+    def webhooks(self) -> str:
+        """Stream of webhook deliveries of finished jobs (work for the workers' webhook senders)."""
+        return self._key("webhooks")
+
+    @property
+    def webhook_group(self) -> str:
+        return WEBHOOK_GROUP
 
     def job(self, job_id: str) -> str:
         """Hash of one job's state and counters."""

@@ -124,8 +124,17 @@ local function feed(job, inputs, stream, token, version)
   redis.call('HINCRBY', job, 'fed', #items)
   return #items
 end
+-- A job with a webhook: one delivery for the workers' webhook senders (rstreamer.webhooks).
+local function hook(hooks, kind, id, job)
+  local url = redis.call('HGET', job, 'webhook')
+  if url and url ~= '' then
+    local f = redis.call('HMGET', job, 'done', 'failed', 'total')
+    redis.call('XADD', hooks, '*', 'type', kind, 'job', id, 'url', url, 'done', f[1], 'failed', f[2],
+               'total', f[3], 'at', now_ms())
+  end
+end
 -- Every item answered: the job is done (or failed when an item failed); tell the followers.
-local function complete(job, log, events, id)
+local function complete(job, log, events, hooks, id)
   local f = redis.call('HMGET', job, 'total', 'done', 'failed', 'expires')
   if tonumber(f[2]) + tonumber(f[3]) < tonumber(f[1]) then return false end
   local state = 'done'
@@ -134,12 +143,13 @@ local function complete(job, log, events, id)
   redis.call('XADD', log, '*', 'end', state)
   redis.call('PEXPIREAT', log, f[4])
   event(events, 'job.' .. state, id, job)
+  hook(hooks, 'job.' .. state, id, job)
   return true
 end
 """
 
-# KEYS: job, inputs, jobs index, log, events, request stream. ARGV: id, token, wire version,
-# total, ttl ms, window, level ('' = least urgent), meta (JSON). The inputs were uploaded
+# KEYS: job, inputs, jobs index, log, events, request stream, webhooks stream. ARGV: id, token,
+# wire version, total, ttl ms, window, level ('' = least urgent), meta (JSON), webhook URL (''). The inputs were uploaded
 # before (with the TTL). Returns 1, -1 when the id exists, -2 when the inputs are incomplete.
 JOB_CREATE = _JOB_HELPERS + """
 local job, inputs, index, log, events, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -149,13 +159,14 @@ if redis.call('LLEN', inputs) ~= total then return -2 end
 local now = now_ms()
 local expires = now + tonumber(ttl)
 redis.call('HSET', job, 'state', 'queued', 'total', total, 'done', 0, 'failed', 0, 'fed', 0,
-           'window', ARGV[6], 'level', ARGV[7], 'meta', ARGV[8], 'created', now, 'expires', expires, 'ttl', ttl)
+           'window', ARGV[6], 'level', ARGV[7], 'meta', ARGV[8], 'webhook', ARGV[9], 'created', now,
+           'expires', expires, 'ttl', ttl)
 redis.call('PEXPIREAT', job, expires)
 if total > 0 then redis.call('PEXPIREAT', inputs, expires) end
 redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
 redis.call('ZADD', index, expires, id)
 extend(index, ttl)
-if not complete(job, log, events, id) then feed(job, inputs, stream, token, version) end
+if not complete(job, log, events, KEYS[7], id) then feed(job, inputs, stream, token, version) end
 return 1
 """
 
@@ -180,7 +191,7 @@ end
 return out
 """
 
-# KEYS: job, results, inputs, log, events, request stream. ARGV: id, token, wire version,
+# KEYS: job, results, inputs, log, events, request stream, webhooks stream. ARGV: id, token, wire version,
 # then per answer: index, ok (1/0), reply message. The first answer of an index is kept
 # (HSETNX) and only it counts, so a redelivered item is recorded once. Then the job is
 # completed, or fed as many new items as were answered. Returns the answers recorded. allow-oom
@@ -205,11 +216,12 @@ redis.call('HINCRBY', job, 'failed', failed)
 if f[1] == 'queued' then redis.call('HSET', job, 'state', 'running', 'started', now_ms()) end
 redis.call('XADD', log, '*', 'i', table.concat(indexes, ','))
 redis.call('PEXPIREAT', log, f[3])
-if not complete(job, log, events, ARGV[1]) then feed(job, inputs, stream, ARGV[2], ARGV[3]) end
+if not complete(job, log, events, KEYS[7], ARGV[1]) then feed(job, inputs, stream, ARGV[2], ARGV[3]) end
 return #indexes
 """
 
-# KEYS: job, inputs, log, events. ARGV: id. Returns 1 cancelled, 0 already finished, -1 unknown.
+# KEYS: job, inputs, log, events, webhooks stream. ARGV: id. Returns 1 cancelled, 0 already
+# finished, -1 unknown.
 # The items not fed yet are dropped; the workers skip those already fed (JOB_ADMIT).
 JOB_CANCEL = _JOB_HELPERS + """
 local f = redis.call('HMGET', KEYS[1], 'state', 'expires')
@@ -220,6 +232,7 @@ redis.call('DEL', KEYS[2])
 redis.call('XADD', KEYS[3], '*', 'end', 'cancelled')
 redis.call('PEXPIREAT', KEYS[3], f[2])
 event(KEYS[4], 'job.cancelled', ARGV[1], KEYS[1])
+hook(KEYS[5], 'job.cancelled', ARGV[1], KEYS[1])
 return 1
 """
 

@@ -225,3 +225,29 @@ class JobSettings(EnvSettings):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class WebhookSettings(EnvSettings):
+    """How a worker's webhook sender calls the webhook of a finished job (``RSTREAMER_WEBHOOK_*``).
+
+    webhook_attempts: tries per delivery; webhook_backoff: seconds before the second try,
+    doubling after each; webhook_timeout: seconds one HTTP request may take.
+    """
+
+    webhook_attempts: int = 5
+    webhook_backoff: float = 1.0
+    webhook_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.webhook_attempts, int) or self.webhook_attempts < 1:
+            raise ConfigError(f"webhook_attempts must be an integer >= 1, got {self.webhook_attempts!r}")
+        _positive("webhook_backoff", self.webhook_backoff, allow_zero=True)
+        _positive("webhook_timeout", self.webhook_timeout)
+
+    @property
+    def claim_idle(self) -> float:
+        """Seconds after which a delivery still pending with its sender is taken by another:
+        longer than every try and pause of one delivery, so a live sender is never robbed."""
+        pauses = sum(self.webhook_backoff * 2 ** n for n in range(self.webhook_attempts - 1))
+        return self.webhook_attempts * self.webhook_timeout + pauses + 10.0

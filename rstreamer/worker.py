@@ -25,6 +25,7 @@ from .costing import OomGuard, oom_error_types, safe_cost
 from .errors import FailureKind
 from .hooks import WorkerHooks
 from .job_sink import JobSink
+from .webhooks import WebhookSender
 from .keys import Keys
 from .liveness import Heartbeat, live_workers, read_workers
 from .messages import (
@@ -210,6 +211,7 @@ class RedisWorker:
         )
         self._finish_script = self._redis.register_script(lua.FINISH)
         self._jobs = JobSink(self._redis, self.keys)  # items of durable jobs (rstreamer.jobs)
+        self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
         heartbeat_ttl = self.settings.dead_after * 10
         self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
         self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,
@@ -249,6 +251,7 @@ class RedisWorker:
             self._finish_drain()
             return
         self._beater.start()
+        self._webhooks.start()
         logger.info("worker %s: serving prefix %r on %s, batch %d, max latency %.3fs",
                     self.name, self.keys.prefix, redacted(self.url), self.policy.batch_size, self.policy.max_latency)
         try:
@@ -307,6 +310,7 @@ class RedisWorker:
 
     def _shutdown(self) -> None:
         self._drain_held()
+        self._webhooks.stop()
         self._beater.stop()
         try:
             pending = self._redis.xpending_range(self.keys.requests, self.keys.group, "-", "+", 1, self.name)

@@ -112,7 +112,7 @@ async def _submit_job(request: Request) -> Response:
         body = await _read_body(request, request.app.state.config.max_body)
         job_request = jobs.parse_job_request(request.headers.get("content-type"), body)
         job = await request.app.state.streamer.submit_job(job_request.inputs, ttl=job_request.ttl,
-                                                          meta=job_request.meta)
+                                                          meta=job_request.meta, webhook=job_request.webhook)
         return (202, *jobs.submitted(job.id))
     return await _job_answer("/jobs", submit)
 

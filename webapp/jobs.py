@@ -1,7 +1,7 @@
 """What the Flask and the Starlette apps share for durable jobs: ``POST /jobs``, ``GET /jobs/<id>``,
 ``DELETE /jobs/<id>``. Request parsing and response bodies only; the apps do the I/O.
 
-``POST /jobs`` takes ``{"inputs": [...], "ttl": seconds?, "meta": any?}`` and answers 202 with
+``POST /jobs`` takes ``{"inputs": [...], "ttl": seconds?, "meta": any?, "webhook": url?}`` and answers 202 with
 ``{"job_id", "status_url"}`` and a ``Location`` header. ``GET /jobs/<id>?start=0&count=1000``
 answers the job's status and counters and, once it has finished, one page of its outputs
 (``{"index", "output"}`` or ``{"index", "error": {"type", "message"}}``) with the URL of the next
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstreamer.errors import RemoteError
-from rstreamer.jobs import JobInfo, JobItem
+from rstreamer.jobs import JobInfo, JobItem, check_webhook
 
 from .protocol import JSON, bad_request, dumps
 
@@ -30,6 +30,7 @@ class JobRequest:
     inputs: list[Any]
     ttl: float | None = None
     meta: Any = None
+    webhook: str | None = None
 
 
 def parse_job_request(content_type: str | None, body: bytes) -> JobRequest:
@@ -43,13 +44,18 @@ def parse_job_request(content_type: str | None, body: bytes) -> JobRequest:
         raise bad_request(f"body is not valid JSON: {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("inputs"), list):
         raise bad_request('expected a JSON object {"inputs": [...]}')
-    unknown = set(document) - {"inputs", "ttl", "meta"}
+    unknown = set(document) - {"inputs", "ttl", "meta", "webhook"}
     if unknown:
-        raise bad_request(f"unknown fields {sorted(unknown)}: a job takes inputs, ttl and meta")
+        raise bad_request(f"unknown fields {sorted(unknown)}: a job takes inputs, ttl, meta and webhook")
+    webhook = document.get("webhook")
+    try:
+        check_webhook(webhook)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
     ttl = document.get("ttl")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
         raise bad_request(f'"ttl" must be a number of seconds > 0, got {ttl!r}')
-    return JobRequest(document["inputs"], ttl, document.get("meta"))
+    return JobRequest(document["inputs"], ttl, document.get("meta"), webhook)
 
 
 def status_url(job_id: str) -> str:
