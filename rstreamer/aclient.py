@@ -18,6 +18,7 @@ from typing import Any, cast
 import redis
 
 from . import lua
+from .ajobs import AsyncJob, AsyncJobClient
 from .calls import (
     CLIENT_RETRIES,
     MAX_CONNECTIONS,
@@ -30,7 +31,6 @@ from .calls import (
 )
 from .connection import create_async_redis
 from .errors import BrokerUnavailable, DecodeError
-from .ajobs import AsyncJob, AsyncJobClient
 from .future import BaseFuture
 from .replies import decode_reply, undecodable
 from .settings import ClientSettings

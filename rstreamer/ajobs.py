@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import redis
-import redis.asyncio
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from . import lua
 from .connection import broker_errors
@@ -46,7 +47,7 @@ from .settings import JobSettings
 class AsyncJobClient:
     """Jobs of one prefix through an asyncio Redis client."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, url: str, max_item_bytes: int,
+    def __init__(self, client: AsyncRedis | AsyncRedisCluster, keys: Keys, url: str, max_item_bytes: int,
                  settings: JobSettings | None = None) -> None:
         self.redis: Any = client  # redis-py types its replies loosely (bytes | str ...)
         self.keys = keys
@@ -110,9 +111,11 @@ class AsyncJob:
             return parse_info(self.id, await self._jobs.redis.hgetall(self._keys.job(self.id)))
 
     async def status(self) -> JobState:
+        """``queued``, ``running``, ``done``, ``failed`` or ``cancelled``."""
         return (await self.info()).state
 
     async def progress(self) -> Progress:
+        """Items answered so far: ``done``, ``failed``, ``total``."""
         return (await self.info()).progress
 
     async def cancel(self) -> bool:
@@ -179,7 +182,7 @@ class AsyncJob:
                 chunk = indexes[page:page + PAGE]
                 if chunk:
                     messages = await self._jobs.redis.hmget(self._keys.job_results(self.id), list(chunk))
-                    items += [decode_item(i, m) for i, m in zip(chunk, messages)]
+                    items += [decode_item(i, m) for i, m in zip(chunk, messages, strict=True)]
         return items
 
     def __aiter__(self) -> AsyncIterator[JobItem]:

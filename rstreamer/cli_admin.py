@@ -138,7 +138,8 @@ def _jobs_verb(client: Any, keys: Keys, args: argparse.Namespace) -> tuple[Any, 
         return {**info.as_json(), "outputs": outputs}, "\n".join(lines)
     if args.verb == "cancel":
         done = {job_id: jobs.get(job_id).cancel() for job_id in args.job_ids}
-        return done, "\n".join(f"{job_id} {'cancelled' if ok else 'had already finished'}" for job_id, ok in done.items())
+        lines = [f"{job_id} {'cancelled' if ok else 'had already finished'}" for job_id, ok in done.items()]
+        return done, "\n".join(lines)
     ids = list(args.job_ids)
     if args.finished:
         ids += [info.id for info in jobs.list(1_000_000) if info.state.finished]

@@ -62,7 +62,7 @@ def _deliveries(fields: dict[bytes, bytes]) -> int:
         return 0
 
 
-def read_dead_letter(client: redis.Redis, keys: Keys, letter_id: str) -> tuple[DeadLetter, dict[str, str]] | None:
+def read_dead_letter(client: RedisClient, keys: Keys, letter_id: str) -> tuple[DeadLetter, dict[str, str]] | None:
     """One dead letter and every field of its original entry (payload rendered as a preview), or None."""
     found: Any = client.xrange(keys.dead, letter_id, letter_id, count=1)
     if not found:

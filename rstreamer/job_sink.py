@@ -15,10 +15,9 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-import redis
-
 from . import codec, lua
 from .batching import Outcome
+from .connection import RedisClient
 from .keys import Keys, job_of_token
 from .messages import WIRE_VERSION, Request, pack_results
 
@@ -32,19 +31,22 @@ class AnswerLike(Protocol):
     """What the worker's Answer offers (worker.py imports this module, not the reverse)."""
 
     @property
-    def token(self) -> str: ...
+    def token(self) -> str:
+        """The entry's reply token."""
 
     @property
-    def index(self) -> int: ...
+    def index(self) -> int:
+        """The item's index."""
 
     @property
-    def outcome(self) -> Outcome[Any]: ...
+    def outcome(self) -> Outcome[Any]:
+        """Its output or failure."""
 
 
 class JobSink:
     """Admission and recording of job items for one worker."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> None:
         self._keys = keys
         self._max_bytes = max_bytes
         self._admit = client.register_script(lua.JOB_ADMIT)
@@ -59,11 +61,12 @@ class JobSink:
             return requests, costs
         states = self._admit(keys=[self._keys.job(job) for job in jobs])
         live = set()
-        for job, (state, level) in zip(jobs, states):
+        for job, (state, level) in zip(jobs, states, strict=True):
             if state in (b"queued", b"running"):
                 live.add(job)
                 self._remember(job, int(level) if level else None)
-        kept = [(r, c) for r, c in zip(requests, costs) if (job := job_of_token(r.token)) is None or job in live]
+        kept = [(r, c) for r, c in zip(requests, costs, strict=True)
+                if (job := job_of_token(r.token)) is None or job in live]
         self.skipped += len(requests) - len(kept)
         return [r for r, _ in kept], [c for _, c in kept]
 

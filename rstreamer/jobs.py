@@ -26,7 +26,7 @@ import redis
 from . import codec, lua
 from .batching import Outcome
 from .calls import BLPOP_SLICE
-from .connection import broker_errors
+from .connection import RedisClient, broker_errors
 from .errors import (
     BrokerUnavailable,
     DecodeError,
@@ -79,6 +79,7 @@ class Progress:
 
     @property
     def answered(self) -> int:
+        """Items answered, with an output or an error."""
         return self.done + self.failed
 
 
@@ -120,6 +121,7 @@ class JobEvent:
     at: float
 
     def as_json(self) -> dict[str, Any]:
+        """The event as a JSON object."""
         return {"event_id": self.event_id, "type": self.type, "job_id": self.job_id, "done": self.progress.done,
                 "failed": self.progress.failed, "total": self.progress.total, "at": self.at}
 
@@ -134,6 +136,7 @@ class JobItem:
 
     @property
     def ok(self) -> bool:
+        """True when the item has an output."""
         return self.error is None
 
     @property
@@ -250,6 +253,7 @@ def decode_item(index: int, message: bytes | None) -> JobItem | None:
 
 
 def item_of(index: int, outcome: Outcome[Any]) -> JobItem:
+    """The JobItem of one decoded answer."""
     if outcome.ok:
         return JobItem(index, outcome.value)
     failure = outcome.failure
@@ -264,10 +268,12 @@ def log_indexes(fields: Mapping[bytes, bytes]) -> list[int]:
 
 
 def log_end(fields: Mapping[bytes, bytes]) -> bool:
+    """True for the log entry that closes a finished job's log."""
     return b"end" in fields
 
 
 def created_or_raise(job_id: str, reply: int) -> None:
+    """Raise for a refused JOB_CREATE (its reply says why)."""
     if reply == -1:
         raise RStreamerError(f"job id {job_id} is already taken")
     if reply == -2:
@@ -283,10 +289,12 @@ def block_ms(until: float) -> int | None:
 
 
 def deadline(timeout: float | None) -> float:
+    """The monotonic time ``timeout`` seconds from now (infinite for None)."""
     return float("inf") if timeout is None else time.monotonic() + max(0.0, timeout)
 
 
 def not_finished(job_id: str, timeout: float | None) -> StreamerTimeout:
+    """The error of a wait that ran out."""
     return StreamerTimeout(f"job {job_id} did not finish within {timeout}s")
 
 
@@ -341,6 +349,7 @@ def check_webhook(url: str | None) -> str:
 
 
 def chunks(payloads: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
+    """``payloads`` in slices of ``size``."""
     for start in range(0, len(payloads), size):
         yield payloads[start:start + size]
 
@@ -350,7 +359,7 @@ def chunks(payloads: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
 class JobClient:
     """Jobs of one prefix through a sync Redis client (``RedisStreamer.submit_job`` and ``.job``)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, url: str, max_item_bytes: int,
+    def __init__(self, client: RedisClient, keys: Keys, url: str, max_item_bytes: int,
                  settings: JobSettings | None = None) -> None:
         self.redis: Any = client  # redis-py types its replies loosely (bytes | str ...)
         self.keys = keys
@@ -407,7 +416,7 @@ class JobClient:
             for job_id in ids:
                 pipe.hgetall(self.keys.job(job_id))
             hashes = pipe.execute()
-        return [parse_info(job_id, fields) for job_id, fields in zip(ids, hashes) if fields]
+        return [parse_info(job_id, fields) for job_id, fields in zip(ids, hashes, strict=True) if fields]
 
     def read_events(self, after: str = "0-0", timeout: float | None = 0.0, count: int = 100) -> builtins.list[JobEvent]:
         """The job events after the event id ``after`` ("0-0": the oldest kept, "$": only new
@@ -545,7 +554,7 @@ class Job:
                 chunk = indexes[page:page + PAGE]
                 if chunk:
                     messages = self._jobs.redis.hmget(self._keys.job_results(self.id), list(chunk))
-                    items += [decode_item(i, m) for i, m in zip(chunk, messages)]
+                    items += [decode_item(i, m) for i, m in zip(chunk, messages, strict=True)]
         return items
 
     def __iter__(self) -> Iterator[JobItem]:

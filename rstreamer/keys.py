@@ -116,6 +116,7 @@ class Keys:
 
     @property
     def webhook_group(self) -> str:
+        """The consumer group of the workers' webhook senders."""
         return WEBHOOK_GROUP
 
     def job(self, job_id: str) -> str:

@@ -149,8 +149,9 @@ end
 """
 
 # KEYS: job, inputs, jobs index, log, events, request stream, webhooks stream. ARGV: id, token,
-# wire version, total, ttl ms, window, level ('' = least urgent), meta (JSON), webhook URL (''). The inputs were uploaded
-# before (with the TTL). Returns 1, -1 when the id exists, -2 when the inputs are incomplete.
+# wire version, total, ttl ms, window, level ('' = least urgent), meta (JSON), webhook URL ('').
+# The inputs were uploaded before (with the TTL). Returns 1, -1 when the id exists, -2 when
+# the inputs are incomplete.
 JOB_CREATE = _JOB_HELPERS + """
 local job, inputs, index, log, events, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, token, version, total, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]

@@ -249,5 +249,5 @@ class WebhookSettings(EnvSettings):
     def claim_idle(self) -> float:
         """Seconds after which a delivery still pending with its sender is taken by another:
         longer than every try and pause of one delivery, so a live sender is never robbed."""
-        pauses = sum(self.webhook_backoff * 2 ** n for n in range(self.webhook_attempts - 1))
-        return self.webhook_attempts * self.webhook_timeout + pauses + 10.0
+        pauses = sum(float(self.webhook_backoff) * 2.0 ** n for n in range(self.webhook_attempts - 1))
+        return float(self.webhook_attempts * self.webhook_timeout + pauses + 10.0)

@@ -75,6 +75,7 @@ class WebhookSender:
         self.given_up = 0
 
     def start(self) -> None:
+        """Start the sender thread."""
         self._thread = threading.Thread(target=self._run, name="rstreamer-webhooks", daemon=True)
         self._thread.start()
 

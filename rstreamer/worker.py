@@ -25,7 +25,6 @@ from .costing import OomGuard, oom_error_types, safe_cost
 from .errors import FailureKind
 from .hooks import WorkerHooks
 from .job_sink import JobSink
-from .webhooks import WebhookSender
 from .keys import Keys
 from .liveness import Heartbeat, live_workers, read_workers
 from .messages import (
@@ -41,6 +40,7 @@ from .messages import (
 from .model import ModelSpec, Predictor, load_predictor, model_costing
 from .reclaim import Reclaimer, plan_reclaim
 from .settings import WorkerSettings, redis_url_from_env
+from .webhooks import WebhookSender
 
 logger = logging.getLogger(__name__)
 

@@ -860,7 +860,7 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost|jobs] ...``: every transport side by side, the cost-batching bench or the jobs bench."""
+    """``rstreamer bench [cost|jobs] ...``: every transport side by side, or the cost or the jobs bench."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["cost"]:
         from .bench_cost import main as cost_main

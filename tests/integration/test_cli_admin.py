@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from support import procs
-from support.procs import wait_until
 
 from rstreamer import DeadLettered, JobState, RedisStreamer
 from rstreamer.keys import Keys
+from support import procs
+from support.polling import wait_until
 
 FAST = {"heartbeat_interval": 0.2, "dead_after": 1.0, "reclaim_interval": 0.2}
 
@@ -45,7 +45,8 @@ def test_jobs_list_show_cancel_purge(redis_client, redis_url, prefix, workers):
         text = cli("jobs", "show", waiting.id, url=redis_url, prefix=prefix).stdout
         assert waiting.id in text and '"nightly"' in text
         # cancel: a finished job says so
-        assert as_json(cli("jobs", "cancel", finished.id, "--json", url=redis_url, prefix=prefix)) == {finished.id: False}
+        cancelled = as_json(cli("jobs", "cancel", finished.id, "--json", url=redis_url, prefix=prefix))
+        assert cancelled == {finished.id: False}
         queued = streamer.submit_job([["sleep", 0.2]] * 50, window=2)
         assert as_json(cli("jobs", "cancel", queued.id, "--json", url=redis_url, prefix=prefix)) == {queued.id: True}
         assert queued.status() is JobState.CANCELLED

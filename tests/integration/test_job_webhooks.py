@@ -6,11 +6,11 @@ import json
 import threading
 
 import pytest
-from support.procs import wait_until
 
 from rstreamer import JobState, RedisStreamer
 from rstreamer.embedded import free_port
 from rstreamer.keys import Keys
+from support.polling import wait_until
 
 
 class Receiver:
@@ -58,7 +58,8 @@ def receiver():
 
 def webhooks_drained(redis_client, prefix) -> bool:
     keys = Keys(prefix)
-    return redis_client.xlen(keys.webhooks) == 0 and not redis_client.xpending(keys.webhooks, keys.webhook_group)["pending"]
+    pending = redis_client.xpending(keys.webhooks, keys.webhook_group)["pending"]
+    return redis_client.xlen(keys.webhooks) == 0 and not pending
 
 
 def test_webhook_called_once_after_retries(redis_client, redis_url, prefix, workers, receiver, monkeypatch):

@@ -9,8 +9,6 @@ import subprocess
 import sys
 
 import pytest
-from support import procs
-from support.procs import TESTS, wait_until
 
 from rstreamer import (
     AsyncRedisStreamer,
@@ -25,6 +23,9 @@ from rstreamer import (
 )
 from rstreamer.keys import Keys
 from rstreamer.settings import JobSettings
+from support import procs
+from support.polling import wait_until
+from support.procs import TESTS
 
 
 def job_keys_ttl(redis_client, prefix, job_id):

@@ -7,11 +7,12 @@ import signal
 
 import pytest
 import redis
-from support.procs import WorkerProcesses, wait_until
-from support.servers import ServerProcess
 
 from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer
 from rstreamer.keys import Keys
+from support.polling import wait_until
+from support.procs import WorkerProcesses
+from support.servers import ServerProcess
 
 
 def recorded(path) -> list[str]:

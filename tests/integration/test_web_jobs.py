@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import pytest
-from support.procs import wait_until
-from support.web import web  # noqa: F401  (web is a fixture)
 
 from rstreamer.keys import Keys
+from support.polling import wait_until
 
 
 @pytest.fixture(params=["gunicorn", "uvicorn"])
-def server(request, prefix, web):  # noqa: F811
+def server(request, prefix, web):
     return getattr(web, request.param)(prefix)
 
 
@@ -26,7 +25,8 @@ def test_submit_follow_and_page_outputs(redis_url, prefix, workers, server):
         return document if document["status"] in ("done", "failed") else None
 
     document = wait_until(finished, timeout=60, what="the job finished")
-    assert document["status"] == "failed" and (document["done"], document["failed"], document["total"]) == (2500, 1, 2501)
+    assert document["status"] == "failed"
+    assert (document["done"], document["failed"], document["total"]) == (2500, 1, 2501)
     assert document["meta"] == {"who": "web"} and document["start"] == 0
     assert document["outputs"][:2] == [{"index": 0, "output": 0}, {"index": 1, "output": 2}]
     assert len(document["outputs"]) == 1000 and document["next"] == f"{body['status_url']}?start=1000&count=1000"
@@ -46,7 +46,8 @@ def test_cancel_unknown_and_bad_requests(redis_client, prefix, workers, server):
     for path in ["/jobs/" + "0" * 32, "/jobs/not-a-job"]:
         for method in ("GET", "DELETE"):
             missing = server.client.request(method, path)
-            assert missing.status_code in (400, 404) and missing.json()["error"]["type"] in ("JobNotFound", "InvalidJobId")
+            assert missing.status_code in (400, 404)
+            assert missing.json()["error"]["type"] in ("JobNotFound", "InvalidJobId")
     assert server.client.get("/jobs/" + "0" * 32).status_code == 404
     for bad in [{"inputs": 3}, {"inputs": [1], "ttl": -1}, {"inputs": [1], "priority": 0}, [1],
                 {"inputs": [1], "webhook": "ftp://x"}, {"inputs": [1], "webhook": 3}]:
