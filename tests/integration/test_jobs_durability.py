@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import redis
 
 from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer
 from rstreamer.keys import Keys
+from support import procs
 from support.polling import wait_until
-from support.procs import WorkerProcesses
+from support.procs import TESTS, WorkerProcesses
 from support.servers import ServerProcess
 
 
@@ -77,10 +81,12 @@ def test_events_stream_and_wait(redis_url, prefix, workers):
             streamer.submit_job([["sleep", 5]]).wait(timeout=0.2)
 
 
+FAST = {"heartbeat_interval": 0.2, "dead_after": 1.0, "reclaim_interval": 0.2}
+
+
 def test_worker_killed_mid_job_every_item_answered_once(redis_client, redis_url, prefix, workers, tmp_path):
     log = tmp_path / "ran.txt"
-    settings = {"heartbeat_interval": 0.2, "dead_after": 1.0, "reclaim_interval": 0.2}
-    spec = {"model": "support.models:Recorder", "batch_size": 8, "settings": settings,
+    spec = {"model": "support.models:Recorder", "batch_size": 8, "settings": FAST,
             "init_kwargs": {"path": str(log), "delay": 0.01}}
     victim = workers.start(prefix, **spec)
     workers.start(prefix, **spec)
@@ -121,3 +127,29 @@ def test_job_survives_a_redis_restart_with_aof(aof_server, prefix, tmp_path):
             assert job.progress() == Progress(2000, 0, 2000) and job.info().meta == {"kept": True}
     finally:
         workers.stop_all()
+
+
+def test_submitter_and_a_worker_killed_mid_job(redis_client, redis_url, prefix, workers, tmp_path):
+    spec = {"model": "support.models:Recorder", "batch_size": 8, "settings": FAST,
+            "init_kwargs": {"path": str(tmp_path / "ran.txt"), "delay": 0.01}}
+    victim = workers.start(prefix, **spec)
+    workers.start(prefix, **spec)
+    submitter = subprocess.Popen(
+        [sys.executable, str(TESTS / "support" / "job_client.py"),
+         json.dumps({"mode": "submit", "url": redis_url, "prefix": prefix, "items": list(range(3000)), "window": 64})],
+        env=procs.test_env(), stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        job_id = submitter.stdout.readline().decode().strip()
+        with RedisStreamer(redis_url, prefix) as streamer:
+            job = streamer.job(job_id)
+            wait_until(lambda: job.progress().answered >= 300, timeout=60, what="300 answers")
+            os.killpg(submitter.pid, signal.SIGKILL)
+            os.killpg(victim.pid, signal.SIGKILL)
+            assert job.result(timeout=120) == [2 * n for n in range(3000)]
+            assert collections.Counter(item.index for item in job) == {n: 1 for n in range(3000)}
+            assert redis_client.hlen(Keys(prefix).job_results(job_id)) == 3000
+    finally:
+        if submitter.poll() is None:
+            os.killpg(submitter.pid, signal.SIGKILL)
+        submitter.wait(timeout=10)
+        submitter.stdout.close()
