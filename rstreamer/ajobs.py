@@ -7,6 +7,7 @@ Job's as coroutines; ``async for item in job`` yields answers as they come.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from .errors import BrokerUnavailable, JobCancelled, JobNotFound
 from .jobs import (
     PAGE,
     RETRY_PAUSE,
+    JobEvent,
     JobInfo,
     JobItem,
     JobState,
@@ -36,6 +38,7 @@ from .jobs import (
     log_end,
     log_indexes,
     not_finished,
+    parse_event,
     parse_info,
     prepare,
 )
@@ -86,6 +89,43 @@ class AsyncJobClient:
             await self.redis.delete(job.inputs_key)
         except redis.RedisError:
             pass
+
+    async def list(self, limit: int = 100) -> builtins.list[JobInfo]:
+        """The prefix's jobs that have not expired, newest first."""
+        with broker_errors(self.url):
+            ids = [raw.decode() for raw in await self.redis.zrevrangebyscore(self.keys.jobs, "+inf", "-inf",
+                                                                              start=0, num=limit)]
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(job_id))
+            hashes = await pipe.execute()
+        return [parse_info(job_id, fields) for job_id, fields in zip(ids, hashes, strict=True) if fields]
+
+    async def read_events(self, after: str = "0-0", timeout: float | None = 0.0,
+                          count: int = 100) -> builtins.list[JobEvent]:
+        """The job events after ``after``; see :meth:`rstreamer.jobs.JobClient.read_events`."""
+        until = deadline(timeout)
+        with broker_errors(self.url):
+            if after == "$":  # pinned once, so that no event is missed between two blocking reads
+                newest = await self.redis.xrevrange(self.keys.job_events, count=1)
+                after = newest[0][0].decode() if newest else "0-0"
+            while True:
+                block = None if timeout == 0 else block_ms(until)
+                reply = await self.redis.xread({self.keys.job_events: after}, count=count, block=block)
+                events = [parse_event(i, f) for _, entries in (reply or []) for i, f in entries]
+                if events or block is None:
+                    return events
+
+    async def purge(self, job_id: str) -> bool:
+        """Delete a job and its results now (cancelling it if it runs); True if it existed."""
+        job_id = check_job_id(job_id)
+        with broker_errors(self.url):
+            await self.cancel_script(keys=cancel_keys(self.keys, job_id), args=[job_id])
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.delete(*self.keys.job_keys(job_id))
+            pipe.zrem(self.keys.jobs, job_id)
+            deleted, _ = await pipe.execute()
+        return int(deleted) > 0
 
     async def get(self, job_id: str) -> AsyncJob:
         """The job ``job_id``; raises InvalidJobId or JobNotFound."""

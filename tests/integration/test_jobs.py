@@ -147,11 +147,18 @@ def test_async_client(redis_url, prefix, workers):
             again = await streamer.job(job.id)
             seen = sorted([item.index async for item in again])
             result = await job.result(timeout=30)
+            status_and_progress = (await job.status(), await job.progress())
+            events = await streamer.jobs.read_events(timeout=30)
+            assert [(e.type, e.job_id) for e in events] == [("job.failed", job.id)]
+            assert [info.id for info in await streamer.jobs.list()] == [job.id]
+            assert await streamer.jobs.purge(job.id) and await streamer.jobs.list() == []
+            with pytest.raises(JobNotFound):
+                await job.info()
             with pytest.raises(InvalidJobId):
                 await streamer.job("bad")
             with pytest.raises(JobNotFound):
                 await streamer.job("f" * 32)
-            return seen, result, await job.status(), await job.progress()
+            return seen, result, *status_and_progress
 
     seen, result, status, progress = asyncio.run(asyncio.wait_for(scenario(), timeout=60))
     assert seen == list(range(501)) and result[:500] == [2 * n for n in range(500)]
