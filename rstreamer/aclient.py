@@ -61,12 +61,13 @@ class AsyncRedisStreamer:
         self._enqueue_script = self.redis.register_script(lua.ENQUEUE_CALLS)
         self._poppers: set[asyncio.Task[None]] = set()
 
-    async def submit(self, batch: list[Any], timeout: float | None = None) -> AsyncFuture:
+    async def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0) -> AsyncFuture:
         """Queue ``batch`` and return an AsyncFuture; ``await`` it for the outputs.
 
-        Raises Overloaded when the queue is full and BrokerUnavailable when Redis is away.
+        Raises Overloaded when the queue is full, BrokerUnavailable when Redis is away and
+        InvalidPriority for a level the workers do not serve (0, the default, is the most urgent).
         """
-        call = self.calls.new_call(list(batch), timeout)
+        call = self.calls.new_call(list(batch), timeout, priority)
         future = AsyncFuture(call)
         if call.payloads:
             enqueue = asyncio.ensure_future(self._enqueue(call))
@@ -87,7 +88,7 @@ class AsyncRedisStreamer:
             # commands closes connections still in use ('NoneType' has no 'writelines',
             # redis-py 8.1); initializing first, under its own lock, avoids that.
             await self.redis.initialize()
-            self.calls.check_enqueued(await self._enqueue_script(**self.calls.enqueue_args(call)))
+            self.calls.check_enqueued(await self._enqueue_script(**self.calls.enqueue_args(call)), call)
 
     async def _pop_replies(self, future: AsyncFuture) -> None:
         """Pop the call's reply key until it is answered or past its deadline."""
@@ -120,9 +121,9 @@ class AsyncRedisStreamer:
         except redis.RedisError:
             pass
 
-    async def predict(self, batch: list[Any], timeout: float | None = None) -> list[Any]:
-        """Return one output per item of ``batch``, in order."""
-        future = await self.submit(batch, timeout)
+    async def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0) -> list[Any]:
+        """Return one output per item of ``batch``, in order (``priority`` as in :meth:`submit`)."""
+        future = await self.submit(batch, timeout, priority=priority)
         return await future.result()
 
     async def aclose(self) -> None:

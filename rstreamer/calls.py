@@ -16,9 +16,10 @@ import redis
 
 from . import codec
 from .connection import broker_errors, normalize_broker_url
-from .errors import EncodeError, Overloaded
+from .errors import EncodeError, InvalidPriority, Overloaded
 from .keys import Keys
-from .messages import Admission, QueueLimits, enqueue_args
+from .messages import Admission, QueueLimits, enqueue_args, enqueue_keys
+from .priority import check_priority
 from .settings import ClientSettings, redis_url_from_env
 from .tracing import current_traceparent
 
@@ -71,6 +72,7 @@ class Call:
     deadline: float
     expires_at: float = field(default=0.0, compare=False)
     traceparent: bytes | None = field(default=None, compare=False)  # the caller's span, sent as b"tp"
+    priority: int = 0  # the level (stream) its items go to; 0 is the most urgent
 
 
 class CallFactory:
@@ -102,8 +104,10 @@ class CallFactory:
                     self._pid = os.getpid()
         return f"{self._client_id}:{next(self._tasks)}"
 
-    def new_call(self, batch: list[Any], timeout: float | None) -> Call:
-        """Encode ``batch``; raises EncodeError for an item that cannot be sent."""
+    def new_call(self, batch: list[Any], timeout: float | None, priority: int = 0) -> Call:
+        """Encode ``batch``; raises EncodeError for an item that cannot be sent, ConfigError for a
+        priority that cannot be a level (whether the workers serve it, the ENQUEUE script says)."""
+        check_priority(priority)
         payloads = [codec.packb(item) for item in batch]
         limit = self.settings.max_item_bytes
         for index, payload in enumerate(payloads):
@@ -112,7 +116,7 @@ class CallFactory:
         token = self._next_token()
         timeout = self.settings.timeout if timeout is None else timeout
         return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
-                    time.monotonic() + timeout, current_traceparent())
+                    time.monotonic() + timeout, current_traceparent(), priority)
 
     # The arguments of the ENQUEUE_CALLS script are built by messages.enqueue_args (the wire
     # format) from what these two methods give it, and nowhere else.
@@ -128,20 +132,21 @@ class CallFactory:
     def enqueue_calls_args(self, calls: Sequence[Call]) -> dict[str, list[Any]]:
         """Arguments of the ENQUEUE_CALLS script for ``calls``, sent under the first one's token."""
         # Each call keeps its own deadline, so an item never runs after its caller gave up.
-        shapes = [(call.payloads, call.deadline) for call in calls]
+        shapes = [(call.payloads, call.deadline, call.priority) for call in calls]
         traceparents = [call.traceparent or b"" for call in calls]
-        return {"keys": [self.keys.requests],
+        return {"keys": enqueue_keys(self.keys, (call.priority for call in calls)),
                 "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents)}
 
-    def overloaded(self, admission: Admission) -> Overloaded:
+    def refusal(self, admission: Admission, refused: Call) -> Overloaded | InvalidPriority:
         """The error of a call the ENQUEUE_CALLS script refused, saying why."""
-        return admission.error(self.keys.prefix, self.limits)
+        return admission.error(self.keys.prefix, self.limits, refused.priority)
 
-    def check_enqueued(self, reply: Sequence[Any]) -> None:
-        """Raise Overloaded when the ENQUEUE_CALLS script refused the call."""
+    def check_enqueued(self, reply: Sequence[Any], call: Call) -> Admission:
+        """The admission of ``call`` alone; raises Overloaded or InvalidPriority when refused."""
         admission = Admission.parse(reply)
         if admission.accepted < 1:
-            raise self.overloaded(admission)
+            raise self.refusal(admission, call)
+        return admission
 
 
 @contextlib.contextmanager

@@ -47,6 +47,8 @@ WORKER_ENV = {
     "max_restarts": "RSTREAMER_MAX_RESTARTS",
     "max_batch_cost": "RSTREAMER_MAX_BATCH_COST",
     "cost_model": "RSTREAMER_COST_MODEL",
+    "priorities": "RSTREAMER_PRIORITIES",
+    "level_max_queue": "RSTREAMER_LEVEL_MAX_QUEUE",
     "model": "RSTREAMER_MODEL",
 }
 
@@ -65,6 +67,8 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "max_restarts": 5,
     "max_batch_cost": WorkerSettings.max_batch_cost,
     "cost_model": WorkerSettings.cost_model,
+    "priorities": WorkerSettings.priorities,
+    "level_max_queue": WorkerSettings.level_max_queue,
     "model": None,
 }
 
@@ -133,12 +137,31 @@ def _cost_model(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _levels_option(name: str) -> Callable[[str], str]:
+    """A parser that checks a --priorities or --level-max-queue list; whether the two agree on the
+    number of levels, WorkerSettings checks."""
+    def parse(text: str) -> str:
+        from .priority import Levels
+
+        try:
+            if name == "priorities":
+                Levels.parse(text)
+            else:
+                bounds = text.split(",")
+                Levels.parse(",".join(["1"] * len(bounds)), text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text.strip()
+    return parse
+
+
 WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
     "workers_per_gpu": _integer(1), "batch_size": _integer(1), "max_latency": _seconds,
     "init_args": _json_of(list), "init_kwargs": _json_of(dict), "metrics_port": _integer(1, 65535),
     "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0),
     "max_batch_cost": _integer(0), "cost_model": _cost_model,
+    "priorities": _levels_option("priorities"), "level_max_queue": _levels_option("level_max_queue"),
 }
 
 
@@ -167,6 +190,13 @@ def worker_parser() -> argparse.ArgumentParser:
                                    "0: no budget", "max_batch_cost"))
     parser.add_argument("--cost-model", type=p["cost_model"], choices=("padded", "sum"),
                         help=_help("a batch costs len(batch) * max(cost) (padded) or sum(cost)", "cost_model"))
+    parser.add_argument("--priorities", type=p["priorities"], metavar="W0,W1,...",
+                        help=_help("priority levels and their weights, level 0 (most urgent) first, e.g. 8,1; "
+                                   "a busy worker gives level k weight_k/sum of its items (docs/priority.md)",
+                                   "priorities"))
+    parser.add_argument("--level-max-queue", type=p["level_max_queue"], metavar="N0,N1,...",
+                        help=_help("per level, refuse calls while this many items of it and of the more urgent "
+                                   "levels wait (0: the client's max_queue)", "level_max_queue"))
     parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
                         help=_help("JSON array of init_model positional arguments", "init_args"))
     parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",
@@ -185,7 +215,7 @@ def worker_parser() -> argparse.ArgumentParser:
 
 def _help(text: str, dest: str) -> str:
     default = WORKER_DEFAULTS[dest]
-    shown = "" if default in (None, [], {}) else f", default {default}"
+    shown = "" if default in (None, [], {}, "") else f", default {default}"
     return f"{text} (env {WORKER_ENV[dest]}{shown})"
 
 
@@ -229,8 +259,9 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise ConfigError("--metrics-port needs prometheus-client: pip install 'rstreamer[webapp]'")
-    settings = (settings or WorkerSettings.from_env()).replace(max_batch_cost=args.max_batch_cost,
-                                                                 cost_model=args.cost_model)
+    settings = (settings or WorkerSettings.from_env()).replace(
+        max_batch_cost=args.max_batch_cost, cost_model=args.cost_model, priorities=args.priorities,
+        level_max_queue=args.level_max_queue)
     return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,
                       args.init_kwargs or None, settings, log_level=args.log_level,
                       metrics_port=args.metrics_port, log_interval=args.log_interval)

@@ -35,18 +35,21 @@ class RedisStreamer(BaseStreamer):
                                   max_connections=MAX_CONNECTIONS)
         self._coalescer = Coalescer(self.redis, self.url, self.calls)
 
-    def submit(self, batch: list[Any], timeout: float | None = None) -> Future:
+    def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0) -> Future:
         """Queue ``batch`` and return a Future; raises Overloaded or BrokerUnavailable when it
-        could not be enqueued."""
-        return self._submit(batch, timeout, patient=False)
+        could not be enqueued, InvalidPriority for a level the workers do not serve.
 
-    def predict(self, batch: list[Any], timeout: float | None = None) -> list[Any]:
-        """Return one output per item of ``batch``, in order."""
+        ``priority``: 0 (the default) is the most urgent level; see docs/priority.md.
+        """
+        return self._submit(batch, timeout, priority, patient=False)
+
+    def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0) -> list[Any]:
+        """Return one output per item of ``batch``, in order (``priority`` as in :meth:`submit`)."""
         # patient: the thread parks once, from enqueue to answer, not once for each.
-        return self._submit(batch, timeout, patient=True).result()
+        return self._submit(batch, timeout, priority, patient=True).result()
 
-    def _submit(self, batch: list[Any], timeout: float | None, patient: bool) -> RedisFuture:
-        future = RedisFuture(self.calls.new_call(list(batch), timeout))
+    def _submit(self, batch: list[Any], timeout: float | None, priority: int, patient: bool) -> RedisFuture:
+        future = RedisFuture(self.calls.new_call(list(batch), timeout, priority))
         if future.call.payloads:
             self._coalescer.enqueue(future, patient)
         return future

@@ -247,14 +247,16 @@ class Coalescer:
                 raise
             return None
         accepted = admission.accepted
-        self._settle(taken, accepted, self._calls.overloaded(admission))
+        refusal = self._calls.refusal(admission, taken[accepted].future.call) if accepted < len(taken) else None
+        self._settle(taken, accepted, refusal)
         return ReplyGroup(taken[0].future.call.reply_key, taken[:accepted]) if accepted else None
 
-    def _settle(self, taken: list[Ticket], accepted: int, refusal: BaseException) -> None:
+    def _settle(self, taken: list[Ticket], accepted: int, refusal: BaseException | None) -> None:
         with self._lock:
             for ticket in taken[:accepted]:
                 ticket.sent()
             for position, ticket in enumerate(taken[accepted:]):
+                assert refusal is not None
                 ticket.failed(refusal if position == 0 else _copy_error(refusal))
 
     # the poppers -----------------------------------------------------------------------------

@@ -42,6 +42,12 @@ class Overloaded(RStreamerError):
     http_status = 503
 
 
+class InvalidPriority(RStreamerError, ValueError):
+    """The call's priority level is not one the workers of its prefix serve."""
+
+    http_status = 400
+
+
 class BrokerUnavailable(RStreamerError, ConnectionError):
     """Redis could not be reached within the retry budget."""
 

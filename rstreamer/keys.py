@@ -56,6 +56,18 @@ class Keys:
     def requests(self) -> str:
         return self._key("requests")
 
+    def requests_at(self, level: int) -> str:
+        """The request stream of priority ``level``: level 0 is :attr:`requests` itself (so that
+        clients and workers that know no levels keep working), level k >= 1 ``requests:k``."""
+        if not isinstance(level, int) or isinstance(level, bool) or level < 0:
+            raise ValueError(f"invalid priority level {level!r}")
+        return self.requests if level == 0 else self._key("requests", str(level))
+
+    @property
+    def levels(self) -> str:
+        """The priority levels the workers serve (JSON), for clients to check; has a TTL."""
+        return self._key("levels")
+
     @property
     def dead(self) -> str:
         return self._key("dead")

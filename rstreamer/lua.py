@@ -2,70 +2,100 @@
 from __future__ import annotations
 
 # Admission and enqueue of the calls one client sends under one token (messages.enqueue_args
-# builds the arguments, messages.Admission reads the reply). KEYS[1] request stream.
+# builds the arguments, messages.Admission reads the reply). KEYS[1] the levels the workers
+# published (JSON {weights, max_queue}; absent: one level, as before priority levels), KEYS[2..]
+# the request streams of levels 0, 1, ... up to the highest level among the calls.
 # ARGV: max_queue (items, 0 = no limit), max_queue_bytes (0 = no limit), admit_wait_permille,
-# group, token, wire version, number of calls n, then n triples (item count, remaining timeout
-# in ms, deadline on the client's wall clock in ms), then the payloads of every call in order.
+# group, token, wire version, number of calls n, then n quadruples (item count, remaining timeout
+# in ms, deadline on the client's wall clock in ms, priority level), then the payloads of every
+# call in order, then optionally one W3C traceparent per call ('' = none).
 # Each call is checked as if it came alone, one after another; the first one refused and the
-# ones after it are not added, and the reply says why: {accepted, reason, detail} with reason
-# 0 none, 1 undelivered backlog at max_queue (detail: items), 2 the stream's memory would exceed
-# max_queue_bytes (detail: bytes), 3 the oldest undelivered entry has waited more than
-# admit_wait_permille/1000 of the call's remaining timeout, so that a new item would not run in
-# time (detail: its age in ms, on the server's clock like every entry id). Items are numbered
-# across the calls. Check and add are one script, so concurrent callers cannot overshoot.
+# ones after it are not added, and the reply says why: {accepted, reason, detail, limit, ids...}
+# with reason 0 none, 1 the undelivered backlog of the call's level and of the more urgent ones
+# is at the level's bound (detail: items; limit: the bound: the level's published max_queue, else
+# the client's), 2 the streams' memory would exceed max_queue_bytes (detail: bytes), 3 the oldest
+# undelivered entry of the call's level has waited more than admit_wait_permille/1000 of the
+# call's remaining timeout, so that a new item would not run in time (detail: its age in ms, on
+# the server's clock like every entry id), 4 the level is beyond the levels the workers serve
+# (detail: their number of levels); then the ids of the entries added, in order (a caller
+# withdraws them when it cancels). Items are numbered across the calls. Counting the more urgent
+# levels' backlog is what makes Overloaded hit the least urgent level first. Check and add are one
+# script, so concurrent callers cannot overshoot.
 ENQUEUE_CALLS = """
 local max_queue, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
 local permille, group, token, version = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local calls = tonumber(ARGV[7])
-local backlog, queued_bytes, oldest_ms = 0, 0, nil
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  backlog = redis.call('XLEN', KEYS[1])
-  local first = '-'
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-    local info = {}
-    for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-    if info['name'] == group then
-      backlog = backlog - info['pending']
-      first = '(' .. info['last-delivered-id']
-    end
-  end
-  if backlog > 0 then
-    local head = redis.call('XRANGE', KEYS[1], first, '+', 'COUNT', 1)
-    if head[1] then oldest_ms = tonumber(string.match(head[1][1], '^(%d+)')) end
-  end
-  if max_bytes > 0 then queued_bytes = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', 0) end
+local levels, bounds = 1, {}
+local published = redis.call('GET', KEYS[1])
+if published then
+  local config = cjson.decode(published)
+  levels = #config['weights']
+  bounds = config['max_queue'] or {}
 end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local age = 0
-if oldest_ms then age = math.max(0, now_ms - oldest_ms) end
-local payload = 8 + 3 * calls
-local traced = payload  -- optional: one W3C traceparent per call after the payloads ('' = none)
-for c = 1, calls do traced = traced + tonumber(ARGV[5 + 3 * c]) end
+local backlog, age, queued_bytes = {}, {}, 0
+for l = 1, #KEYS - 1 do
+  local stream = KEYS[l + 1]
+  backlog[l], age[l] = 0, 0
+  if redis.call('EXISTS', stream) == 1 then
+    backlog[l] = redis.call('XLEN', stream)
+    local first = '-'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      local info = {}
+      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+      if info['name'] == group then
+        backlog[l] = backlog[l] - info['pending']
+        first = '(' .. info['last-delivered-id']
+      end
+    end
+    if backlog[l] > 0 then
+      local head = redis.call('XRANGE', stream, first, '+', 'COUNT', 1)
+      if head[1] then age[l] = math.max(0, now_ms - tonumber(string.match(head[1][1], '^(%d+)'))) end
+    end
+    if max_bytes > 0 then queued_bytes = queued_bytes + redis.call('MEMORY', 'USAGE', stream, 'SAMPLES', 0) end
+  end
+end
+local payload = 8 + 4 * calls
+local traced = payload
+for c = 1, calls do traced = traced + tonumber(ARGV[4 + 4 * c]) end
 local index = 0
+local reply = {calls, 0, 0, 0}
 for c = 1, calls do
-  local size, remaining, deadline = tonumber(ARGV[5 + 3 * c]), ARGV[6 + 3 * c], ARGV[7 + 3 * c]
+  local size, remaining, deadline = tonumber(ARGV[4 + 4 * c]), ARGV[5 + 4 * c], ARGV[6 + 4 * c]
+  local level = tonumber(ARGV[7 + 4 * c])
   local tp = ARGV[traced + c - 1]
+  if level >= levels or level + 2 > #KEYS then return {c - 1, 4, levels, 0, unpack(reply, 5)} end
+  local limit = tonumber(bounds[level + 1] or 0)
+  if limit <= 0 then limit = max_queue end
+  local ahead = 0
+  for l = 1, level + 1 do ahead = ahead + backlog[l] end
   local bytes = 0
   for k = payload, payload + size - 1 do bytes = bytes + #ARGV[k] end
-  if max_queue > 0 and backlog >= max_queue then return {c - 1, 1, backlog} end
-  if max_bytes > 0 and queued_bytes + bytes > max_bytes then return {c - 1, 2, queued_bytes} end
-  if age * 1000 > permille * tonumber(remaining) then return {c - 1, 3, age} end
+  if limit > 0 and ahead >= limit then return {c - 1, 1, ahead, limit, unpack(reply, 5)} end
+  if max_bytes > 0 and queued_bytes + bytes > max_bytes then
+    return {c - 1, 2, queued_bytes, max_bytes, unpack(reply, 5)}
+  end
+  if age[level + 1] * 1000 > permille * tonumber(remaining) then
+    return {c - 1, 3, age[level + 1], 0, unpack(reply, 5)}
+  end
   for _ = 1, size do
+    local id
     if tp and tp ~= '' then
-      redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
-                 'd', deadline, 'p', ARGV[payload], 'tp', tp)
+      id = redis.call('XADD', KEYS[level + 2], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
+                      'd', deadline, 'p', ARGV[payload], 'tp', tp)
     else
-      redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
-                 'd', deadline, 'p', ARGV[payload])
+      id = redis.call('XADD', KEYS[level + 2], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
+                      'd', deadline, 'p', ARGV[payload])
     end
+    reply[#reply + 1] = id
     index = index + 1
     payload = payload + 1
   end
-  backlog = backlog + size
+  backlog[level + 1] = backlog[level + 1] + size
   queued_bytes = queued_bytes + bytes
 end
-return {calls, 0, 0}
+return reply
 """
 
 # KEYS[1] workers hash. ARGV: consumer name, JSON info, key TTL in ms.
@@ -95,17 +125,18 @@ return {now[1], now[2], redis.call('HGETALL', KEYS[1])}
 # The overshoot is bounded by what one call of a script writes (one batch's replies and dead
 # letters, one heartbeat, one consumer group).
 
-# KEYS[1] request stream, KEYS[2] dead-letter stream, KEYS[3..] reply lists.
-# ARGV: group, number of ids to ack, number of dead letters, dead-letter max length, dead-letter
-# max bytes; then per reply list its TTL in ms, its number of messages and the messages; then per
-# dead letter its field count followed by its fields and values; then the ids to ack and delete.
+# KEYS[1] dead-letter stream, KEYS[2..1+s] the request streams (priority levels) that entries
+# are acked on, KEYS[2+s..] reply lists.
+# ARGV: group, s, number of dead letters, dead-letter max length, dead-letter max bytes, then per
+# request stream the number of ids to ack on it; then per reply list its TTL in ms, its number of
+# messages and the messages; then per dead letter its field count followed by its fields and
+# values; then the ids to ack and delete, stream by stream.
 # Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse.
 FINISH = """#!lua flags=allow-oom
-local group = ARGV[1]
-local acks, letters = tonumber(ARGV[2]), tonumber(ARGV[3])
+local group, streams, letters = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local dead_len, dead_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
-local a = 6
-for k = 3, #KEYS do
+local a = 6 + streams
+for k = 2 + streams, #KEYS do
   local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
   redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
   redis.call('PEXPIRE', KEYS[k], ttl)
@@ -113,28 +144,31 @@ for k = 3, #KEYS do
 end
 for _ = 1, letters do
   local n = tonumber(ARGV[a])
-  redis.call('XADD', KEYS[2], '*', unpack(ARGV, a + 1, a + n))
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, a + 1, a + n))
   a = a + n + 1
 end
 if letters > 0 then
-  redis.call('XTRIM', KEYS[2], 'MAXLEN', dead_len)
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', dead_len)
   -- Oldest first until the stream fits in dead_bytes; a record's fields understate what its
   -- removal frees, so this trims at least enough. The newest record always stays.
-  local over = redis.call('MEMORY', 'USAGE', KEYS[2], 'SAMPLES', 0) - dead_bytes
+  local over = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', 0) - dead_bytes
   while over > 0 do
-    local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 2)
+    local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 2)
     if #oldest < 2 then break end
     local size = 0
     for _, v in ipairs(oldest[1][2]) do size = size + #v end
-    redis.call('XDEL', KEYS[2], oldest[1][1])
+    redis.call('XDEL', KEYS[1], oldest[1][1])
     over = over - size
   end
 end
-while acks > 0 do
-  local n = math.min(acks, 1000)
-  redis.call('XACK', KEYS[1], group, unpack(ARGV, a, a + n - 1))
-  redis.call('XDEL', KEYS[1], unpack(ARGV, a, a + n - 1))
-  a, acks = a + n, acks - n
+for s = 1, streams do
+  local acks = tonumber(ARGV[5 + s])
+  while acks > 0 do
+    local n = math.min(acks, 1000)
+    redis.call('XACK', KEYS[1 + s], group, unpack(ARGV, a, a + n - 1))
+    redis.call('XDEL', KEYS[1 + s], unpack(ARGV, a, a + n - 1))
+    a, acks = a + n, acks - n
+  end
 end
 return 1
 """
@@ -182,4 +216,41 @@ for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
   end
 end
 return 0
+"""
+
+# KEYS: the request streams of priority levels 0, 1, ... (rstreamer.levelsource.LevelSource).
+# ARGV: group, consumer, max_items, then per level its guaranteed quota (priority.DeficitScheduler).
+# One read of up to max_items entries in two passes: each level takes up to its quota, most
+# urgent first; then what is left goes to the most urgent levels that still have entries. Reads
+# with XREADGROUP '>' (new deliveries, id order: FIFO within a level). Returns per level
+# {taken in the first pass, taken in the second, 1 if a read of it came back short (it has no
+# more), newest entry id ('0-0' for none), entries {id, {field, value, ...}}...}; a blocked
+# XREAD waits for an entry newer than those ids when nothing was read (no entry is missed between
+# the two). allow-oom: reading is how a full Redis drains.
+READ_LEVELS = """#!lua flags=allow-oom
+local group, consumer, left = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local out = {}
+for l = 1, #KEYS do out[l] = {0, 0, 0, '0-0'} end
+local function take(l, count, pass)
+  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', KEYS[l], '>')
+  local entries = (reply and reply[1] and reply[1][2]) or {}
+  for _, entry in ipairs(entries) do out[l][#out[l] + 1] = entry end
+  out[l][pass] = out[l][pass] + #entries
+  if #entries < count then out[l][3] = 1 end
+  left = left - #entries
+end
+for l = 1, #KEYS do
+  local quota = math.min(tonumber(ARGV[3 + l]), left)
+  if quota > 0 then take(l, quota, 1) end
+end
+for l = 1, #KEYS do
+  if left > 0 and out[l][3] == 0 then take(l, left, 2) end
+end
+if left == tonumber(ARGV[3]) then
+  for l = 1, #KEYS do
+    local newest = redis.call('XREVRANGE', KEYS[l], '+', '-', 'COUNT', 1)
+    if newest[1] then out[l][4] = newest[1][1] end
+  end
+end
+return out
 """

@@ -33,8 +33,8 @@ import msgpack
 
 from . import codec
 from .batching import Failure, Outcome
-from .errors import DecodeError, EncodeError, Overloaded
-from .keys import is_reply_token
+from .errors import DecodeError, EncodeError, InvalidPriority, Overloaded
+from .keys import Keys, is_reply_token
 
 WIRE_VERSION = 2
 PREVIOUS_VERSION = 1
@@ -153,45 +153,61 @@ class QueueLimits:
     group: str
 
 
-def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence[bytes], float]],
+def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence[bytes], float, int]],
                  now: float, traceparents: Sequence[bytes] = ()) -> list[Any]:
-    """ARGV of ENQUEUE_CALLS for ``calls`` of one token, each ``(payloads, deadline)``.
+    """ARGV of ENQUEUE_CALLS for ``calls`` of one token, each ``(payloads, deadline, priority)``.
 
     ``traceparents`` (optional, one per call, ``b""`` for none) follow the payloads; each
     call's entries then carry it in the optional field ``tp`` (rstreamer.tracing).
 
     ``deadline`` and ``now`` are on this host's wall clock; the entries carry the remaining
-    timeout, which the workers count from the entry id (Redis's clock).
+    timeout, which the workers count from the entry id (Redis's clock). ``priority`` is the
+    level whose stream the call's entries go to (KEYS: see :func:`enqueue_keys`).
     """
     shapes: list[int] = []
     payloads: list[bytes] = []
-    for call_payloads, deadline in calls:
-        shapes += [len(call_payloads), max(0, int((deadline - now) * 1000)), int(deadline * 1000)]
+    for call_payloads, deadline, priority in calls:
+        shapes += [len(call_payloads), max(0, int((deadline - now) * 1000)), int(deadline * 1000), priority]
         payloads += call_payloads
     return [limits.max_queue, limits.max_queue_bytes, int(ADMIT_WAIT_FRACTION * 1000), limits.group,
             token, WIRE_VERSION, len(calls), *shapes, *payloads, *(traceparents if any(traceparents) else ())]
 
 
+def enqueue_keys(keys: Keys, priorities: Iterable[int]) -> list[str]:
+    """KEYS of ENQUEUE_CALLS: the published levels, then the streams of levels 0 up to the
+    highest of ``priorities`` (the script counts the more urgent levels' backlog too)."""
+    return [keys.levels, *(keys.requests_at(level) for level in range(max(priorities, default=0) + 1))]
+
+
 @dataclass(frozen=True)
 class Admission:
-    """The ENQUEUE_CALLS reply: how many calls (the first ones) were added, and why the next was not."""
+    """The ENQUEUE_CALLS reply: how many calls (the first ones) were added, why the next was not,
+    and the ids of the entries added (in order)."""
 
     accepted: int
     reason: int = 0
     detail: int = 0
+    limit: int = 0
+    ids: tuple[bytes, ...] = ()
 
     @classmethod
     def parse(cls, reply: Sequence[Any]) -> Admission:
-        accepted, reason, detail = (int(value) for value in reply)
-        return cls(accepted, reason, detail)
+        accepted, reason, detail, limit = (int(value) for value in reply[:4])
+        return cls(accepted, reason, detail, limit, tuple(reply[4:]))
 
-    def error(self, prefix: str, limits: QueueLimits) -> Overloaded:
-        """The Overloaded error of the refused calls."""
+    def error(self, prefix: str, limits: QueueLimits, priority: int = 0) -> Overloaded | InvalidPriority:
+        """The error of the refused calls (``priority``: the first refused call's level)."""
+        if self.reason == 4:
+            return InvalidPriority(
+                f"priority {priority} is not served on prefix {prefix!r}: its workers serve levels 0-"
+                f"{self.detail - 1} (set --priorities on the workers; 0 is the most urgent)")
+        levels = f" at priorities 0-{priority}" if priority else ""
+        level = f" at priority {priority}" if priority else ""
         why = {
-            1: f"{self.detail} items wait undelivered (max_queue={limits.max_queue})",
-            2: f"its request stream holds {self.detail} bytes (max_queue_bytes={limits.max_queue_bytes})",
-            3: (f"the oldest waiting item has waited {self.detail / 1000:.1f}s, so this call would not "
-                f"finish within its timeout"),
+            1: f"{self.detail} items wait undelivered{levels} (max_queue={self.limit or limits.max_queue})",
+            2: f"its request streams hold {self.detail} bytes (max_queue_bytes={limits.max_queue_bytes})",
+            3: (f"the oldest waiting item{level} has waited "
+                f"{self.detail / 1000:.1f}s, so this call would not finish within its timeout"),
         }.get(self.reason, "the queue is full")
         return Overloaded(f"prefix {prefix!r} is overloaded: {why}")
 

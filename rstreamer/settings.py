@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
+from .priority import Levels
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "RSTREAMER_"
@@ -78,6 +79,10 @@ class WorkerSettings(_EnvSettings):
     stream keeps at most this many records and about this many bytes (the newest ones).
     max_batch_cost, cost_model, cost_lookahead: cost-aware batching (0: no budget; see
     rstreamer.costing); it is on when the model defines ``cost()`` or a budget is set.
+    priorities: the weights of the priority levels, level 0 (most urgent) first, e.g. ``8,1``
+    (empty: one level); level_max_queue: per level, the undelivered items of that level and the
+    more urgent ones past which a call at that level is refused (e.g. ``0,5000``; 0 or empty:
+    the client's max_queue). See rstreamer.priority and docs/priority.md.
     """
 
     batch_size: int = 64
@@ -96,9 +101,12 @@ class WorkerSettings(_EnvSettings):
     max_batch_cost: int = 0
     cost_model: str = "padded"
     cost_lookahead: int = 4
+    priorities: str = ""
+    level_max_queue: str = ""
 
     def __post_init__(self) -> None:
         self.cost_budget()  # validates the cost settings
+        self.levels()  # validates the priority levels
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _positive("max_latency", self.max_latency, allow_zero=True)
@@ -113,6 +121,10 @@ class WorkerSettings(_EnvSettings):
         # max_latency: neither may look like a stuck worker.
         if not self.stuck_after > self.dead_after + self.idle_block + 2 * self.max_latency:
             raise ConfigError("stuck_after must exceed dead_after + idle_block + 2 * max_latency")
+
+    def levels(self) -> Levels:
+        """The priority levels these settings describe."""
+        return Levels.parse(self.priorities, self.level_max_queue)
 
     def cost_budget(self) -> CostBudget:
         """The cost side of the batch policy these settings describe."""

@@ -31,12 +31,14 @@ def test_every_option_from_the_environment():
            "RSTREAMER_WORKERS_PER_GPU": "2", "RSTREAMER_BATCH_SIZE": "8", "RSTREAMER_MAX_LATENCY": "0.5",
            "RSTREAMER_INIT_ARGS": "[1]", "RSTREAMER_INIT_KWARGS": '{"a": 2}', "RSTREAMER_METRICS_PORT": "9000",
            "RSTREAMER_LOG_LEVEL": "debug", "RSTREAMER_LOG_INTERVAL": "5", "RSTREAMER_MAX_RESTARTS": "0",
-           "RSTREAMER_MAX_BATCH_COST": "4096", "RSTREAMER_COST_MODEL": "SUM", "RSTREAMER_MODEL": "m:C"}
+           "RSTREAMER_MAX_BATCH_COST": "4096", "RSTREAMER_COST_MODEL": "SUM", "RSTREAMER_MODEL": "m:C",
+           "RSTREAMER_PRIORITIES": "8,1", "RSTREAMER_LEVEL_MAX_QUEUE": "0,500"}
     args = parse([], env)
     assert vars(args) == {"redis": "redis://r:1/2", "prefix": "envp", "gpus": [0, 1], "workers_per_gpu": 2,
                           "batch_size": 8, "max_latency": 0.5, "init_args": [1], "init_kwargs": {"a": 2},
                           "metrics_port": 9000, "log_level": "DEBUG", "log_interval": 5.0, "max_restarts": 0,
-                          "max_batch_cost": 4096, "cost_model": "sum", "model": "m:C", "check": False}
+                          "max_batch_cost": 4096, "cost_model": "sum", "model": "m:C", "check": False,
+                          "priorities": "8,1", "level_max_queue": "0,500"}
     assert set(env) == set(cli.WORKER_ENV.values())
 
 
@@ -67,6 +69,8 @@ def test_a_bad_environment_value_is_ignored_when_the_command_line_sets_it():
     (["--init-kwargs", "[1", *BASE], "not valid JSON"),
     (["--metrics-port", "70000", *BASE], "between 1 and 65535"),
     (["--log-level", "LOUD", *BASE], "unknown log level"),
+    (["--priorities", "8,0", *BASE], "every weight must be an integer >= 1"),
+    (["--level-max-queue", "10,x", *BASE], "comma-separated list of integers"),
 ])
 def test_invalid_arguments_exit_2_with_a_message(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -82,9 +86,12 @@ def test_build_worker_spec():
     assert (spec.redis_url, spec.prefix, spec.model, spec.batch_size) == (
         "redis://127.0.0.1:7000/0", "p", "support.models:Doubler", 4)
     assert (spec.init_args, spec.init_kwargs, spec.metrics_port, spec.log_level) == (None, {"delay": 0.1}, 9100, "INFO")
+    levels = cli.build_worker_spec(parse(["--priorities", "8,2,1", "--level-max-queue", "0,0,99", *BASE])).settings.levels()
+    assert (levels.weights, levels.max_queue) == ((8, 2, 1), (0, 0, 99))
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["--priorities", "8,1", "--level-max-queue", "5", *BASE], "one bound per level"),
     (["--prefix", "p", "no_such_module_abc:Model"], "no module named 'no_such_module_abc'"),
     (["--prefix", "p", "Model"], "package.module:Name"),
     (["--prefix", "bad prefix!", "support.models:Doubler"], "invalid prefix"),
