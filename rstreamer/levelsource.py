@@ -25,8 +25,14 @@ their levels through a fleet restart, and a prefix nobody serves any more forget
 
 
 def publish_levels(client: redis.Redis, keys: Keys, levels: Levels) -> None:
-    """Tell clients which levels the workers serve (the ENQUEUE script refuses others)."""
-    client.set(keys.levels, levels.to_json(), ex=LEVELS_TTL_S)
+    """Tell clients which levels the workers serve (the ENQUEUE script refuses others).
+
+    One level is what an absent key means: such a worker writes nothing, exactly as before
+    levels existed (so a Redis ACL that gives it only its stream, heartbeats and dead letters
+    still suffices).
+    """
+    if levels.count > 1 or levels.max_queue != (0,):
+        client.set(keys.levels, levels.to_json(), ex=LEVELS_TTL_S)
 
 
 def published_levels(client: redis.Redis, keys: Keys) -> Levels:

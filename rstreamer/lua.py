@@ -254,3 +254,33 @@ if left == tonumber(ARGV[3]) then
 end
 return out
 """
+
+# KEYS: the request streams of priority levels 0, 1, ... ARGV: group.
+# The server's time and, per level, {length, pending, ms of the oldest undelivered entry (-1 for
+# none)} in one script: one slot, one clock (the entry ids' and TIME's), so the waits it gives
+# agree with what the workers see (rstreamer status, the dashboard).
+QUEUE_DEPTHS = """
+local now = redis.call('TIME')
+local out = {now[1], now[2]}
+for l = 1, #KEYS do
+  local length, pending, oldest = 0, 0, -1
+  if redis.call('EXISTS', KEYS[l]) == 1 then
+    length = redis.call('XLEN', KEYS[l])
+    local first = '-'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[l])) do
+      local info = {}
+      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+      if info['name'] == ARGV[1] then
+        pending = info['pending']
+        first = '(' .. info['last-delivered-id']
+      end
+    end
+    if length > pending then
+      local head = redis.call('XRANGE', KEYS[l], first, '+', 'COUNT', 1)
+      if head[1] then oldest = tonumber(string.match(head[1][1], '^(%d+)')) end
+    end
+  end
+  out[#out + 1] = {length, pending, oldest}
+end
+return out
+"""

@@ -93,6 +93,10 @@ class WorkerMetrics(WorkerHooks):
         self._queue_wait = Histogram("rstreamer_worker_queue_wait_seconds", "Seconds each item waited in the "
                                      "stream before a worker read it (on the Redis server's clock).", ["prefix"],
                                      buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
+        self._level_wait = Histogram("rstreamer_worker_level_queue_wait_seconds", "Seconds each item waited in "
+                                     "the stream of its priority level before a worker read it; the _count is "
+                                     "the items each level got.", ["prefix", "level"], buckets=SECONDS_BUCKETS,
+                                     registry=registry)
         self._fill = Histogram("rstreamer_worker_batch_fill_ratio", "Items per batch divided by batch_size.",
                                ["prefix"], buckets=FILL_BUCKETS, registry=registry).labels(prefix)
         closed = Counter("rstreamer_worker_batches_closed", "Batches by why they closed (full, cost_budget, "
@@ -116,10 +120,12 @@ class WorkerMetrics(WorkerHooks):
     def server_time(self, server_ms: int) -> None:
         self._offset_ms = server_ms - time.time() * 1000
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
         now_ms = time.time() * 1000 + self._offset_ms
-        for entry_id, _ in entries:
-            self._queue_wait.observe(max(0.0, now_ms - entry_ms(entry_id)) / 1000)
+        for (entry_id, _), level in zip(entries, list(levels) or [0] * len(entries)):
+            wait = max(0.0, now_ms - entry_ms(entry_id)) / 1000
+            self._queue_wait.observe(wait)
+            self._level_wait.labels(self.prefix, str(level)).observe(wait)
         self._fill.observe(len(entries) / max(1, batch_size))
         if closed in self._closed:
             self._closed[closed].inc()

@@ -103,7 +103,7 @@ class WorkerTracer(WorkerHooks):
     def server_time(self, server_ms: int) -> None:
         self._offset_ms = server_ms - time.time() * 1000
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
         now_ns = time.time_ns()
         parents = []
         for entry_id, fields in entries:

@@ -330,7 +330,8 @@ class RedisWorker:
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
 
     def _run(self, batch: list[Parsed], costs: list[int]) -> None:
-        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size)
+        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
+                                 [parsed.level for parsed in batch])
         self._process(batch, costs)
         self.hooks.batch_done()
 

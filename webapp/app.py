@@ -114,9 +114,9 @@ def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
         body = req.get_data(cache=False)
     except RequestEntityTooLarge:
         raise protocol.too_large(config.max_body) from None
-    inputs = protocol.parse_inputs(req.content_type, body)
-    with metrics.calls().track(config.prefix, len(inputs)):
-        outputs = streamer.predict(inputs)
+    call = protocol.parse_call(req.content_type, body, req.headers)
+    with metrics.calls().track(config.prefix, len(call.inputs)):
+        outputs = streamer.predict(call.inputs, priority=call.priority)
     return protocol.outputs_body(outputs)
 
 

@@ -72,9 +72,9 @@ def create_app(config: WebConfig | None = None) -> Starlette:
 
 async def _predict(request: Request, config: WebConfig) -> bytes:
     body = await _read_body(request, config.max_body)
-    inputs = protocol.parse_inputs(request.headers.get("content-type"), body)
-    with metrics.calls().track(config.prefix, len(inputs)):
-        outputs = await request.app.state.streamer.predict(inputs)
+    call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
+    with metrics.calls().track(config.prefix, len(call.inputs)):
+        outputs = await request.app.state.streamer.predict(call.inputs, priority=call.priority)
     return protocol.outputs_body(outputs)
 
 

@@ -140,3 +140,53 @@ def test_sigkilled_worker_s_entries_of_every_level_are_reclaimed(redis_client, r
     assert sorted(executions(survivor_log)) == ["1", "2", "3", "4", "5"]
     wait_until(lambda: all(redis_client.xpending(keys.requests_at(level), keys.group)["pending"] == 0
                            for level in (0, 1)), what="the reclaimed entries of both levels to be acked")
+
+
+def test_status_shows_depth_and_wait_per_level(capsys, redis_client, redis_url, prefix):
+    import json
+
+    from rstreamer.cli import status_main
+
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 2)
+    publish_levels(redis_client, keys, Levels((8, 1)))
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        streamer.submit([0] * 3)
+        streamer.submit([0] * 5, priority=1)
+    redis_client.xreadgroup(keys.group, "somebody", {keys.requests_at(1): ">"}, count=2)
+    assert status_main(["--redis", redis_url, "--prefix", prefix, "--interval", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["queue_length"], report["pending"]) == (6, 2)
+    rows = [{k: row[k] for k in ("level", "weight", "queue_length", "pending")} for row in report["levels"]]
+    assert rows == [{"level": 0, "weight": 8, "queue_length": 3, "pending": 0},
+                    {"level": 1, "weight": 1, "queue_length": 3, "pending": 0 + 2}]
+    assert all(row["oldest_wait_s"] >= 0 for row in report["levels"])
+    assert status_main(["--redis", redis_url, "--prefix", prefix, "--interval", "0"]) == 0
+    assert "1 (weight 1): 3 waiting, 2 pending" in capsys.readouterr().out
+
+
+def test_worker_metrics_count_items_and_wait_per_level(redis_client, redis_url, prefix):
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from rstreamer import RedisWorker, WorkerSettings
+    from rstreamer.metrics import WorkerMetrics
+
+    registry = CollectorRegistry()
+    worker = RedisWorker("support.models:Doubler", 8, 0.01, redis_url, prefix,
+                         settings=WorkerSettings(priorities="2,1"))
+    worker.hooks = WorkerMetrics(Keys(prefix).prefix, registry)
+    thread = threading.Thread(target=worker.run_forever, daemon=True)
+    thread.start()
+    try:
+        with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+            wait_until(lambda: redis_client.exists(Keys(prefix).levels), what="the worker's levels")
+            assert streamer.predict([1, 2, 3], priority=1) == [2, 4, 6]
+            assert streamer.predict([4]) == [8]
+    finally:
+        worker.stop()
+        thread.join(10)
+    count = {level: registry.get_sample_value("rstreamer_worker_level_queue_wait_seconds_count",
+                                              {"prefix": Keys(prefix).prefix, "level": level}) for level in "01"}
+    assert count == {"0": 1, "1": 3}
