@@ -240,6 +240,12 @@ class QueueCollector(Collector):
     def __init__(self, read: Callable[[], list[dict[str, Any]]]) -> None:
         self.read = read
 
+    LEVEL_GAUGES = {
+        "queue_length": ("rstreamer_queue_level_length", "Entries of one priority level waiting, not yet delivered."),
+        "oldest_wait_s": ("rstreamer_queue_level_oldest_wait_seconds", "Age of the oldest entry of one priority "
+                          "level not yet delivered (Redis server clock)."),
+    }
+
     def collect(self) -> Iterable[Metric]:
         rows = self.read()
         for field, (name, documentation) in self.GAUGES.items():
@@ -247,6 +253,12 @@ class QueueCollector(Collector):
             for row in rows:
                 value = len(row["workers"]) if field == "live_workers" else row[field]
                 family.add_metric([row["prefix"]], float(value))
+            yield family
+        for field, (name, documentation) in self.LEVEL_GAUGES.items():
+            family = GaugeMetricFamily(name, documentation, labels=["prefix", "level"])
+            for row in rows:
+                for level in row.get("levels") or []:
+                    family.add_metric([row["prefix"], str(level["level"])], float(level[field]))
             yield family
 
 
