@@ -6,6 +6,7 @@ from .codec import register_type
 from .errors import (
     BatchSizeMismatch,
     BrokerUnavailable,
+    Cancelled,
     CodecError,
     ConfigError,
     DeadLettered,
@@ -33,6 +34,7 @@ __all__ = [
     "BatchPolicy",
     "BatchSizeMismatch",
     "BrokerUnavailable",
+    "Cancelled",
     "ClientSettings",
     "CodecError",
     "ConfigError",

@@ -42,6 +42,12 @@ class Overloaded(RStreamerError):
     http_status = 503
 
 
+class Cancelled(RStreamerError):
+    """The call was cancelled (``future.cancel()``, a cancelled task, a client that disconnected)."""
+
+    http_status = 499  # nginx's "client closed request": nobody is left to read it
+
+
 class InvalidPriority(RStreamerError, ValueError):
     """The call's priority level is not one the workers of its prefix serve."""
 

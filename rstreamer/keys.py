@@ -86,5 +86,12 @@ class Keys:
             raise ValueError(f"invalid reply token {token!r}")
         return self._key("reply", token)
 
+    def cancelled(self, token: str) -> str:
+        """The set of the indexes of one token's items that their caller withdrew while a worker
+        held them (``*``: every item of the token); has a TTL (the callers' deadline)."""
+        if not is_reply_token(token):
+            raise ValueError(f"invalid reply token {token!r}")
+        return self._key("cancelled", token)
+
 
 REQUESTS_PATTERN = f"{NAMESPACE}:{{*}}:requests"

@@ -126,20 +126,25 @@ return {now[1], now[2], redis.call('HGETALL', KEYS[1])}
 # letters, one heartbeat, one consumer group).
 
 # KEYS[1] dead-letter stream, KEYS[2..1+s] the request streams (priority levels) that entries
-# are acked on, KEYS[2+s..] reply lists.
+# are acked on, then r reply lists, then the r cancellation sets of their tokens (keys.cancelled).
 # ARGV: group, s, number of dead letters, dead-letter max length, dead-letter max bytes, then per
 # request stream the number of ids to ack on it; then per reply list its TTL in ms, its number of
 # messages and the messages; then per dead letter its field count followed by its fields and
 # values; then the ids to ack and delete, stream by stream.
-# Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse.
+# Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse. A
+# reply list whose token was withdrawn whole while the batch ran ('*' in its cancellation set)
+# gets nothing: its caller is gone.
 FINISH = """#!lua flags=allow-oom
 local group, streams, letters = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local dead_len, dead_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
+local replies = (#KEYS - 1 - streams) / 2
 local a = 6 + streams
-for k = 2 + streams, #KEYS do
+for k = 2 + streams, 1 + streams + replies do
   local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
-  redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
-  redis.call('PEXPIRE', KEYS[k], ttl)
+  if redis.call('SISMEMBER', KEYS[k + replies], '*') == 0 then
+    redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
+    redis.call('PEXPIRE', KEYS[k], ttl)
+  end
   a = a + 2 + n
 end
 for _ = 1, letters do
@@ -171,6 +176,34 @@ for s = 1, streams do
   end
 end
 return 1
+"""
+
+# KEYS[1] the token's cancellation set (keys.cancelled), KEYS[2] the request stream of the
+# call's priority level. ARGV: group, the set's TTL in ms, whole (1: no other call shares the
+# token, so its replies may be dropped whole), n, then n entry ids, then their n indexes.
+# Withdraws a caller's items (rstreamer.cancel): an entry not yet delivered to a worker is deleted
+# (XDEL: no worker will ever read it); one a worker holds is marked in the set, which the worker
+# checks before predict (and FINISH, with '*', before replying). One script, so an entry is
+# either deleted before any worker reads it or marked: never both, never neither.
+# Returns {entries deleted, entries marked}.
+CANCEL = """
+local group, ttl, whole, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local deleted, marked = 0, 0
+for i = 1, n do
+  local id, index = ARGV[4 + i], ARGV[4 + n + i]
+  local pending = redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
+  if type(pending) == 'table' and pending[1] then
+    redis.call('SADD', KEYS[1], index)
+    marked = marked + 1
+  else
+    deleted = deleted + redis.call('XDEL', KEYS[2], id)
+  end
+end
+if marked > 0 then
+  if whole == '1' then redis.call('SADD', KEYS[1], '*') end
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {deleted, marked}
 """
 
 # KEYS[1] request stream. ARGV: group. Creates the stream and its group if missing.

@@ -22,6 +22,7 @@ from .costing import OomGuard, oom_error_types, safe_cost
 from .beater import Beater
 from .connection import create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .hooks import WorkerHooks
+from .cancel import cancelled_items
 from .keys import Keys
 from .levelsource import LevelSource, SingleLevel, ensure_groups, publish_levels
 from .liveness import Heartbeat, live_workers, read_workers
@@ -67,6 +68,7 @@ class WorkerStats(BatchStats):
 
     reclaimed: int = 0
     dead_lettered: int = 0
+    cancelled: int = 0  # items their callers withdrew after this worker read them, not run
 
 
 class StreamSource:
@@ -377,12 +379,15 @@ class RedisWorker:
         request_costs: list[int] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
+        withdrawn = cancelled_items(self._redis, self.keys,
+                                    [(p.request.token, p.request.index) for p in batch if p.request is not None])
         for parsed, cost in zip(batch, costs or [1] * len(batch)):
-            if parsed.request is not None:
+            if parsed.request is not None and (parsed.request.token, parsed.request.index) not in withdrawn:
                 requests.append(parsed.request)
                 request_costs.append(cost)
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
+        self.stats.cancelled += len(withdrawn)
         ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
                            hint=self._hint, oom=self._batcher.oom, costs=request_costs)
         self._beater.tick()
@@ -422,7 +427,8 @@ class RedisWorker:
             by_level[level].append(entry_id)
         settings = self.settings
         self._finish_script(
-            keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level), *by_reply],
+            keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level), *by_reply,
+                  *(self.keys.cancelled(rows[0].token) for rows in by_reply.values())],
             args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
                   *(len(ids) for ids in by_level.values()), *replies, *letters,
                   *(entry_id for ids in by_level.values() for entry_id in ids)],
