@@ -66,13 +66,15 @@ class AsyncRedisStreamer:
         self._cancel_script = self.redis.register_script(lua.CANCEL)
         self._poppers: set[asyncio.Task[None]] = set()
 
-    async def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0) -> AsyncFuture:
+    async def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
+                     tenant: str | None = None) -> AsyncFuture:
         """Queue ``batch`` and return an AsyncFuture; ``await`` it for the outputs.
 
-        Raises Overloaded when the queue is full, BrokerUnavailable when Redis is away and
-        InvalidPriority for a level the workers do not serve (0, the default, is the most urgent).
+        Raises Overloaded when the queue is full, BrokerUnavailable when Redis is away,
+        InvalidPriority for a level the workers do not serve (0, the default, is the most urgent)
+        and RateLimited when ``tenant`` is over its quota.
         """
-        call = self.calls.new_call(list(batch), timeout, priority)
+        call = self.calls.new_call(list(batch), timeout, priority, tenant)
         future = AsyncFuture(call)
         future.on_cancel(lambda: self._spawn(self._withdraw(future, whole=True)))
         if call.payloads:
@@ -153,12 +155,14 @@ class AsyncRedisStreamer:
         except redis.RedisError:
             pass
 
-    async def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0) -> list[Any]:
-        """Return one output per item of ``batch``, in order (``priority`` as in :meth:`submit`).
+    async def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
+                      tenant: str | None = None) -> list[Any]:
+        """Return one output per item of ``batch``, in order (``priority`` and ``tenant`` as in
+        :meth:`submit`).
 
         Cancelling the task that awaits it withdraws the call's items (see rstreamer.cancel).
         """
-        future = await self.submit(batch, timeout, priority=priority)
+        future = await self.submit(batch, timeout, priority=priority, tenant=tenant)
         try:
             return await future.result()
         except asyncio.CancelledError:

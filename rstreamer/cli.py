@@ -49,6 +49,9 @@ WORKER_ENV = {
     "cost_model": "RSTREAMER_COST_MODEL",
     "priorities": "RSTREAMER_PRIORITIES",
     "level_max_queue": "RSTREAMER_LEVEL_MAX_QUEUE",
+    "tenant_rate": "RSTREAMER_TENANT_RATE",
+    "tenant_burst": "RSTREAMER_TENANT_BURST",
+    "tenant_quotas": "RSTREAMER_TENANT_QUOTAS",
     "model": "RSTREAMER_MODEL",
 }
 
@@ -69,6 +72,9 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "cost_model": WorkerSettings.cost_model,
     "priorities": WorkerSettings.priorities,
     "level_max_queue": WorkerSettings.level_max_queue,
+    "tenant_rate": WorkerSettings.tenant_rate,
+    "tenant_burst": WorkerSettings.tenant_burst,
+    "tenant_quotas": WorkerSettings.tenant_quotas,
     "model": None,
 }
 
@@ -155,6 +161,16 @@ def _levels_option(name: str) -> Callable[[str], str]:
     return parse
 
 
+def _tenant_quotas(text: str) -> str:
+    from .quotas import Quotas
+
+    try:
+        Quotas.parse(tenants=text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
 WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
     "workers_per_gpu": _integer(1), "batch_size": _integer(1), "max_latency": _seconds,
@@ -162,6 +178,7 @@ WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "log_level": _log_level, "log_interval": _seconds, "max_restarts": _integer(0),
     "max_batch_cost": _integer(0), "cost_model": _cost_model,
     "priorities": _levels_option("priorities"), "level_max_queue": _levels_option("level_max_queue"),
+    "tenant_rate": _seconds, "tenant_burst": _integer(0), "tenant_quotas": _tenant_quotas,
 }
 
 
@@ -197,6 +214,13 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--level-max-queue", type=p["level_max_queue"], metavar="N0,N1,...",
                         help=_help("per level, refuse calls while this many items of it and of the more urgent "
                                    "levels wait (0: the client's max_queue)", "level_max_queue"))
+    parser.add_argument("--tenant-rate", type=p["tenant_rate"], metavar="ITEMS_PER_S",
+                        help=_help("every tenant's quota: items per second over the whole fleet (calls that name "
+                                   "a tenant; over it: RateLimited, HTTP 429); 0: no quota", "tenant_rate"))
+    parser.add_argument("--tenant-burst", type=p["tenant_burst"], metavar="ITEMS",
+                        help=_help("every tenant's bucket: most items at once (0: one second's worth)", "tenant_burst"))
+    parser.add_argument("--tenant-quotas", type=p["tenant_quotas"], metavar="NAME=RATE:BURST,...",
+                        help=_help("tenants with their own quota, e.g. acme=100:200,free=5:10", "tenant_quotas"))
     parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
                         help=_help("JSON array of init_model positional arguments", "init_args"))
     parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",
@@ -261,7 +285,8 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
         raise ConfigError("--metrics-port needs prometheus-client: pip install 'rstreamer[webapp]'")
     settings = (settings or WorkerSettings.from_env()).replace(
         max_batch_cost=args.max_batch_cost, cost_model=args.cost_model, priorities=args.priorities,
-        level_max_queue=args.level_max_queue)
+        level_max_queue=args.level_max_queue, tenant_rate=args.tenant_rate, tenant_burst=args.tenant_burst,
+        tenant_quotas=args.tenant_quotas)
     return WorkerSpec(args.model, args.batch_size, args.max_latency, url, prefix, args.init_args or None,
                       args.init_kwargs or None, settings, log_level=args.log_level,
                       metrics_port=args.metrics_port, log_interval=args.log_interval)

@@ -285,31 +285,32 @@ class Coalescer:
             with call_errors(self._url):
                 admission = Admission.parse(self._script(**self._calls.enqueue_calls_args([t.future.call for t in taken])))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
-            self._settle(taken, 0, exc)
+            self._settle([(t, exc if n == 0 else _copy_error(exc)) for n, t in enumerate(taken)])
             if not isinstance(exc, Exception):
                 raise
             return None
-        accepted = admission.accepted
-        refusal = self._calls.refusal(admission, taken[accepted].future.call) if accepted < len(taken) else None
-        group = ReplyGroup(taken[0].future.call.reply_key, taken[:accepted]) if accepted else None
+        accepted = [t for t, verdict in zip(taken, admission.verdicts) if verdict.added]
+        group = ReplyGroup(taken[0].future.call.reply_key, accepted) if accepted else None
         ids = iter(admission.ids)
-        for ticket in taken[:accepted]:
+        for ticket in accepted:
             size = len(ticket.future.call.payloads)
             ticket.token, ticket.group = taken[0].future.call.token, group
             ticket.entries = [(next(ids), ticket.offset + i) for i in range(size)]
-        self._settle(taken, accepted, refusal)
-        cancelled = [ticket for ticket in taken[:accepted] if ticket.future.cancelled()]
+        self._settle([(t, None if v.added else self._calls.refusal(v, t.future.call))
+                      for t, v in zip(taken, admission.verdicts)])
+        cancelled = [ticket for ticket in accepted if ticket.future.cancelled()]
         if cancelled:  # cancelled during the ENQUEUE
             self._start(self._withdraw, cancelled, False)
         return group
 
-    def _settle(self, taken: list[Ticket], accepted: int, refusal: BaseException | None) -> None:
+    def _settle(self, outcomes: list[tuple[Ticket, BaseException | None]]) -> None:
+        """Each call added (no error) or refused with its own error."""
         with self._lock:
-            for ticket in taken[:accepted]:
-                ticket.sent()
-            for position, ticket in enumerate(taken[accepted:]):
-                assert refusal is not None
-                ticket.failed(refusal if position == 0 else _copy_error(refusal))
+            for ticket, refusal in outcomes:
+                if refusal is None:
+                    ticket.sent()
+                else:
+                    ticket.failed(refusal)
 
     # the poppers -----------------------------------------------------------------------------
 
@@ -338,8 +339,10 @@ class Coalescer:
             if popped:
                 group.deliver(popped[1])
         if not group.answered():
-            # Timed out or cancelled: nobody pops this key any more; withdraw what was not run.
-            self._withdraw([t for t in group.tickets if not t.future.done()], True)
+            if self._serving():
+                # Timed out or cancelled: nobody waits for the rest; withdraw what has not run.
+                # (Not on close(): the calls of a closed streamer stay queued, as they always did.)
+                self._withdraw([t for t in group.tickets if not t.future.done()], True)
             self._delete(group.reply_key)
 
     def _serving(self) -> bool:

@@ -15,6 +15,7 @@ GROUP = "workers"
 DEFAULT_PREFIX = "default"
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+_TENANT = re.compile(r"[A-Za-z0-9_.\-@]{1,100}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}")
 _REQUESTS_KEY = re.compile(r"rstreamer:\{([A-Za-z0-9_.\-]{1,100})\}:requests")
 
@@ -67,6 +68,17 @@ class Keys:
     def levels(self) -> str:
         """The priority levels the workers serve (JSON), for clients to check; has a TTL."""
         return self._key("levels")
+
+    @property
+    def quotas(self) -> str:
+        """The per-tenant quotas the workers publish (JSON, see rstreamer.quotas); has a TTL."""
+        return self._key("quotas")
+
+    def bucket(self, tenant: str) -> str:
+        """The token bucket of one tenant's quota (a hash with a TTL)."""
+        if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+            raise ValueError(f"invalid tenant {tenant!r}")
+        return self._key("bucket", tenant)
 
     @property
     def dead(self) -> str:

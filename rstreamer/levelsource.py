@@ -14,6 +14,7 @@ from . import lua
 from .connection import ensure_group, is_nogroup
 from .keys import Keys
 from .priority import DeficitScheduler, Levels, Reading
+from .quotas import Quotas
 
 Entry = tuple[bytes, "dict[bytes, bytes] | None"]
 LevelEntry = tuple[int, Entry]
@@ -33,6 +34,12 @@ def publish_levels(client: redis.Redis, keys: Keys, levels: Levels) -> None:
     """
     if levels.count > 1 or levels.max_queue != (0,):
         client.set(keys.levels, levels.to_json(), ex=LEVELS_TTL_S)
+
+
+def publish_quotas(client: redis.Redis, keys: Keys, quotas: Quotas) -> None:
+    """Tell the ENQUEUE script the tenants' quotas (none configured: nothing written)."""
+    if quotas.enabled:
+        client.set(keys.quotas, quotas.to_json(), ex=LEVELS_TTL_S)
 
 
 def published_levels(client: redis.Redis, keys: Keys) -> Levels:

@@ -3,28 +3,35 @@ from __future__ import annotations
 
 # Admission and enqueue of the calls one client sends under one token (messages.enqueue_args
 # builds the arguments, messages.Admission reads the reply). KEYS[1] the levels the workers
-# published (JSON {weights, max_queue}; absent: one level, as before priority levels), KEYS[2..]
-# the request streams of levels 0, 1, ... up to the highest level among the calls.
+# published (JSON {weights, max_queue}; absent: one level, as before priority levels), KEYS[2]
+# the tenant quotas they published (JSON {rate, burst, tenants}; absent: no quotas), KEYS[3..2+t]
+# the token buckets of the t tenants the calls name, then the request streams of levels 0, 1, ...
+# up to the highest level among the calls.
 # ARGV: max_queue (items, 0 = no limit), max_queue_bytes (0 = no limit), admit_wait_permille,
-# group, token, wire version, number of calls n, then n quadruples (item count, remaining timeout
-# in ms, deadline on the client's wall clock in ms, priority level), then the payloads of every
-# call in order, then optionally one W3C traceparent per call ('' = none).
-# Each call is checked as if it came alone, one after another; the first one refused and the
-# ones after it are not added, and the reply says why: {accepted, reason, detail, limit, ids...}
-# with reason 0 none, 1 the undelivered backlog of the call's level and of the more urgent ones
+# group, token, wire version, number of calls n, number of tenants t, then the t tenant names,
+# then n quintuples (item count, remaining timeout in ms, deadline on the client's wall clock in
+# ms, priority level, tenant number 1..t or 0 for none), then the payloads of every call in
+# order, then optionally one W3C traceparent per call ('' = none).
+# Each call is checked as if it came alone, one after another, and added or refused on its own
+# (a bulk call refused never refuses an urgent call coalesced after it). The reply is {n, then
+# per call its reason, detail and limit, then the ids of the entries added, in order (a caller
+# withdraws them when it cancels)} with reason 0 added, 1 the undelivered backlog of the call's level and of the more urgent ones
 # is at the level's bound (detail: items; limit: the bound: the level's published max_queue, else
 # the client's), 2 the streams' memory would exceed max_queue_bytes (detail: bytes), 3 the oldest
 # undelivered entry of the call's level has waited more than admit_wait_permille/1000 of the
 # call's remaining timeout, so that a new item would not run in time (detail: its age in ms, on
 # the server's clock like every entry id), 4 the level is beyond the levels the workers serve
-# (detail: their number of levels); then the ids of the entries added, in order (a caller
-# withdraws them when it cancels). Items are numbered across the calls. Counting the more urgent
-# levels' backlog is what makes Overloaded hit the least urgent level first. Check and add are one
-# script, so concurrent callers cannot overshoot.
+# (detail: their number of levels), 5 the tenant is over its quota (detail: ms until its bucket
+# holds enough tokens, -1 when the call is larger than the burst; limit: the burst). Items are
+# numbered across the calls, refused ones included (each call's answers go to its own offset). Counting the more urgent levels' backlog is what makes Overloaded hit the
+# least urgent level first. A token bucket (tokens, ms of the last refill) refills at rate items/s
+# up to burst; a call takes one token per item, only once every other check has passed. Check
+# and add are one script, so concurrent callers cannot overshoot.
 ENQUEUE_CALLS = """
 local max_queue, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
 local permille, group, token, version = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local calls = tonumber(ARGV[7])
+local calls, tenants = tonumber(ARGV[7]), tonumber(ARGV[8])
+local streams = #KEYS - 2 - tenants
 local levels, bounds = 1, {}
 local published = redis.call('GET', KEYS[1])
 if published then
@@ -32,11 +39,14 @@ if published then
   levels = #config['weights']
   bounds = config['max_queue'] or {}
 end
+local quotas = nil
+local published_quotas = redis.call('GET', KEYS[2])
+if published_quotas then quotas = cjson.decode(published_quotas) end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local backlog, age, queued_bytes = {}, {}, 0
-for l = 1, #KEYS - 1 do
-  local stream = KEYS[l + 1]
+for l = 1, streams do
+  local stream = KEYS[2 + tenants + l]
   backlog[l], age[l] = 0, 0
   if redis.call('EXISTS', stream) == 1 then
     backlog[l] = redis.call('XLEN', stream)
@@ -56,45 +66,85 @@ for l = 1, #KEYS - 1 do
     if max_bytes > 0 then queued_bytes = queued_bytes + redis.call('MEMORY', 'USAGE', stream, 'SAMPLES', 0) end
   end
 end
-local payload = 8 + 4 * calls
+-- tenant number -> {rate, burst, tokens} (tokens refilled to now), read once per script
+local buckets = {}
+local function bucket(number)
+  if buckets[number] then return buckets[number] end
+  local name = ARGV[8 + number]
+  local rate, burst = 0, 0
+  if quotas then
+    local own = quotas['tenants'] and quotas['tenants'][name]
+    if own then rate, burst = tonumber(own[1]), tonumber(own[2])
+    else rate, burst = tonumber(quotas['rate']), tonumber(quotas['burst']) end
+  end
+  local b = {rate = rate, burst = burst, tokens = burst}
+  if rate > 0 then
+    local state = redis.call('HMGET', KEYS[2 + number], 'tokens', 'ms')
+    if state[1] then
+      local elapsed = math.max(0, now_ms - tonumber(state[2]))
+      b.tokens = math.min(burst, tonumber(state[1]) + elapsed * rate / 1000)
+    end
+  end
+  buckets[number] = b
+  return b
+end
+local payload = 9 + tenants + 5 * calls
 local traced = payload
-for c = 1, calls do traced = traced + tonumber(ARGV[4 + 4 * c]) end
+for c = 1, calls do traced = traced + tonumber(ARGV[4 + tenants + 5 * c]) end
 local index = 0
-local reply = {calls, 0, 0, 0}
+local reply, ids = {calls}, {}
 for c = 1, calls do
-  local size, remaining, deadline = tonumber(ARGV[4 + 4 * c]), ARGV[5 + 4 * c], ARGV[6 + 4 * c]
-  local level = tonumber(ARGV[7 + 4 * c])
+  local at = 4 + tenants + 5 * c
+  local size, remaining, deadline = tonumber(ARGV[at]), ARGV[at + 1], ARGV[at + 2]
+  local level, tenant = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local tp = ARGV[traced + c - 1]
-  if level >= levels or level + 2 > #KEYS then return {c - 1, 4, levels, 0, unpack(reply, 5)} end
-  local limit = tonumber(bounds[level + 1] or 0)
-  if limit <= 0 then limit = max_queue end
-  local ahead = 0
-  for l = 1, level + 1 do ahead = ahead + backlog[l] end
+  local reason, detail, limit = 0, 0, 0
+  local b = nil
   local bytes = 0
   for k = payload, payload + size - 1 do bytes = bytes + #ARGV[k] end
-  if limit > 0 and ahead >= limit then return {c - 1, 1, ahead, limit, unpack(reply, 5)} end
-  if max_bytes > 0 and queued_bytes + bytes > max_bytes then
-    return {c - 1, 2, queued_bytes, max_bytes, unpack(reply, 5)}
+  if level >= levels or level + 1 > streams then
+    reason, detail = 4, levels
+  elseif tenant > 0 and bucket(tenant).rate > 0 then
+    b = bucket(tenant)
+    if size > b.burst then reason, detail, limit = 5, -1, b.burst
+    elseif b.tokens < size then reason, detail, limit = 5, math.ceil((size - b.tokens) * 1000 / b.rate), b.burst end
   end
-  if age[level + 1] * 1000 > permille * tonumber(remaining) then
-    return {c - 1, 3, age[level + 1], 0, unpack(reply, 5)}
+  if reason == 0 then
+    limit = tonumber(bounds[level + 1] or 0)
+    if limit <= 0 then limit = max_queue end
+    local ahead = 0
+    for l = 1, level + 1 do ahead = ahead + backlog[l] end
+    if limit > 0 and ahead >= limit then reason, detail = 1, ahead
+    elseif max_bytes > 0 and queued_bytes + bytes > max_bytes then reason, detail, limit = 2, queued_bytes, max_bytes
+    elseif age[level + 1] * 1000 > permille * tonumber(remaining) then reason, detail, limit = 3, age[level + 1], 0
+    else limit = 0 end
   end
-  for _ = 1, size do
-    local id
-    if tp and tp ~= '' then
-      id = redis.call('XADD', KEYS[level + 2], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
-                      'd', deadline, 'p', ARGV[payload], 'tp', tp)
-    else
-      id = redis.call('XADD', KEYS[level + 2], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
-                      'd', deadline, 'p', ARGV[payload])
+  if reason == 0 then
+    if b then
+      b.tokens = b.tokens - size
+      redis.call('HSET', KEYS[2 + tenant], 'tokens', tostring(b.tokens), 'ms', now_ms)
+      redis.call('PEXPIRE', KEYS[2 + tenant], math.ceil(b.burst * 1000 / b.rate) + 1000)
     end
-    reply[#reply + 1] = id
-    index = index + 1
-    payload = payload + 1
+    local stream = KEYS[3 + tenants + level]
+    for k = 0, size - 1 do
+      if tp and tp ~= '' then
+        ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', version, 't', token, 'i', index + k, 'r', remaining,
+                                   'd', deadline, 'p', ARGV[payload + k], 'tp', tp)
+      else
+        ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', version, 't', token, 'i', index + k, 'r', remaining,
+                                   'd', deadline, 'p', ARGV[payload + k])
+      end
+    end
+    backlog[level + 1] = backlog[level + 1] + size
+    queued_bytes = queued_bytes + bytes
   end
-  backlog[level + 1] = backlog[level + 1] + size
-  queued_bytes = queued_bytes + bytes
+  reply[#reply + 1] = reason
+  reply[#reply + 1] = detail
+  reply[#reply + 1] = limit
+  index = index + size
+  payload = payload + size
 end
+for _, id in ipairs(ids) do reply[#reply + 1] = id end
 return reply
 """
 

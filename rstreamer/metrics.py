@@ -23,7 +23,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .batching import BatchStats
-from .errors import BrokerUnavailable, Cancelled, CodecError, Overloaded, RemoteError, StreamerTimeout
+from .errors import (
+    BrokerUnavailable,
+    Cancelled,
+    CodecError,
+    Overloaded,
+    RateLimited,
+    RemoteError,
+    StreamerTimeout,
+)
 from .hooks import Entry, WorkerHooks, entry_ms, observing_wakeup
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -156,6 +164,7 @@ class WorkerMetrics(WorkerHooks):
 def outcome_of(exc: BaseException) -> str:
     """The ``outcome`` label of a call that raised ``exc``."""
     for kind, label in ((StreamerTimeout, "timeout"), (Overloaded, "overloaded"), (Cancelled, "cancelled"),
+                        (RateLimited, "rate_limited"),
                         (BrokerUnavailable, "unavailable"), (RemoteError, "model_error"), (CodecError, "invalid")):
         if isinstance(exc, kind):
             return label
@@ -166,7 +175,7 @@ class ClientMetrics:
     """Calls of a web process: a counter by prefix and outcome, items sent, latency of answered calls."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (ok, timeout, overloaded, cancelled, "
+        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (ok, timeout, overloaded, cancelled, rate_limited, "
                                 "unavailable, model_error, invalid, error).", ["prefix", "outcome"], registry=registry)
         self.items = Counter("rstreamer_client_items", "Items sent.", ["prefix"], registry=registry)
         self.latency = Histogram("rstreamer_client_request_seconds", "Seconds from submit to the last answer "

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
 from .priority import Levels
+from .quotas import Quotas
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "RSTREAMER_"
@@ -83,6 +84,9 @@ class WorkerSettings(_EnvSettings):
     (empty: one level); level_max_queue: per level, the undelivered items of that level and the
     more urgent ones past which a call at that level is refused (e.g. ``0,5000``; 0 or empty:
     the client's max_queue). See rstreamer.priority and docs/priority.md.
+    tenant_rate, tenant_burst: every tenant's quota, items/s and bucket size (0: no quota; burst
+    0: one second's worth); tenant_quotas: tenants with their own, ``acme=100:200,bob=5:10``
+    (rate:burst). See rstreamer.quotas.
     """
 
     batch_size: int = 64
@@ -103,10 +107,14 @@ class WorkerSettings(_EnvSettings):
     cost_lookahead: int = 4
     priorities: str = ""
     level_max_queue: str = ""
+    tenant_rate: float = 0.0
+    tenant_burst: int = 0
+    tenant_quotas: str = ""
 
     def __post_init__(self) -> None:
         self.cost_budget()  # validates the cost settings
         self.levels()  # validates the priority levels
+        self.quotas()  # validates the tenant quotas
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _positive("max_latency", self.max_latency, allow_zero=True)
@@ -121,6 +129,10 @@ class WorkerSettings(_EnvSettings):
         # max_latency: neither may look like a stuck worker.
         if not self.stuck_after > self.dead_after + self.idle_block + 2 * self.max_latency:
             raise ConfigError("stuck_after must exceed dead_after + idle_block + 2 * max_latency")
+
+    def quotas(self) -> Quotas:
+        """The per-tenant quotas these settings describe."""
+        return Quotas.parse(self.tenant_rate, self.tenant_burst, self.tenant_quotas)
 
     def levels(self) -> Levels:
         """The priority levels these settings describe."""

@@ -24,7 +24,7 @@ from .connection import create_redis, ensure_group, is_nogroup, normalize_broker
 from .hooks import WorkerHooks
 from .cancel import cancelled_items
 from .keys import Keys
-from .levelsource import LevelSource, SingleLevel, ensure_groups, publish_levels
+from .levelsource import LevelSource, SingleLevel, ensure_groups, publish_levels, publish_quotas
 from .liveness import Heartbeat, live_workers, read_workers
 from .clock import ServerClock
 from .messages import (
@@ -196,6 +196,7 @@ class RedisWorker:
         # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
         self._redis = create_redis(self.url, socket_timeout=max(self.settings.idle_block, max_latency) + 5.0)
         self.levels = self.settings.levels()
+        self.quotas = self.settings.quotas()
         self._source: SingleLevel | LevelSource = (
             SingleLevel(StreamSource(self._redis, self.keys, self.name)) if self.levels.count == 1
             else LevelSource(self._redis, self.keys, self.name, self.levels))
@@ -269,7 +270,7 @@ class RedisWorker:
         while not self._stopping.is_set():
             try:
                 ensure_groups(self._redis, self.keys, self.levels.count)
-                publish_levels(self._redis, self.keys, self.levels)
+                self._publish()
                 self._heartbeat.beat()
                 return True
             except redis.RedisError as exc:
@@ -354,9 +355,14 @@ class RedisWorker:
         sent = time.monotonic()
         now_ms, workers = read_workers(self._redis, self.keys)
         self._clock.observe(now_ms, sent, time.monotonic())
-        publish_levels(self._redis, self.keys, self.levels)  # refreshes its TTL
+        self._publish()  # refreshes their TTL
         self.hooks.server_time(now_ms)
         self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
+
+    def _publish(self) -> None:
+        """Tell clients the priority levels and tenant quotas this worker serves."""
+        publish_levels(self._redis, self.keys, self.levels)
+        publish_quotas(self._redis, self.keys, self.quotas)
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)

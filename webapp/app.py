@@ -116,7 +116,7 @@ def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
         raise protocol.too_large(config.max_body) from None
     call = protocol.parse_call(req.content_type, body, req.headers)
     with metrics.calls().track(config.prefix, len(call.inputs)):
-        outputs = streamer.predict(call.inputs, priority=call.priority)
+        outputs = streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
     return protocol.outputs_body(outputs)
 
 

@@ -77,8 +77,8 @@ async def _predict(request: Request, config: WebConfig) -> bytes:
     body = await _read_body(request, config.max_body)
     call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
     with metrics.calls().track(config.prefix, len(call.inputs)):
-        outputs = await _unless_disconnected(request, request.app.state.streamer.predict(call.inputs,
-                                                                                         priority=call.priority))
+        predict = request.app.state.streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
+        outputs = await _unless_disconnected(request, predict)
     return protocol.outputs_body(outputs)
 
 

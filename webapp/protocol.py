@@ -8,6 +8,7 @@ from __future__ import annotations
 import http
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,9 +16,10 @@ from urllib.parse import parse_qs
 
 import redis
 
-from rstreamer.errors import BrokerUnavailable, RemoteError, RStreamerError
+from rstreamer.errors import BrokerUnavailable, ConfigError, RateLimited, RemoteError, RStreamerError
 from rstreamer.liveness import live_workers
 from rstreamer.priority import MAX_LEVELS
+from rstreamer.quotas import check_tenant
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,7 @@ JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 FORM_FIELD = "s"
 PRIORITY_HEADER = "X-Priority"
+TENANT_HEADER = "X-Tenant"
 # Seconds a client should wait before retrying a 503: long enough for a queue to drain a batch.
 RETRY_AFTER = "1"
 # /readyz must answer fast when Redis is away, so its client neither waits long nor retries.
@@ -61,16 +64,27 @@ class CallRequest:
 
     inputs: list[Any]
     priority: int = 0
+    tenant: str | None = None
 
 
 def parse_call(content_type: str | None, body: bytes, headers: Mapping[str, str]) -> CallRequest:
     """The call a ``/predict`` request makes: inputs as :func:`parse_inputs` reads them; the
     priority level from ``"priority"`` in a JSON body or the ``X-Priority`` header (0, the most
-    urgent, by default; both given must agree)."""
+    urgent, by default; both given must agree); the tenant whose quota it takes from ``X-Tenant``
+    (none: no quota)."""
     document = _json_document(body) if _is_json(content_type) else {}
     inputs = _inputs_of(document) if _is_json(content_type) else parse_inputs(content_type, body)
     priority = _priority(document.get("priority"), headers.get(PRIORITY_HEADER))
-    return CallRequest(inputs, priority)
+    return CallRequest(inputs, priority, _tenant(headers.get(TENANT_HEADER)))
+
+
+def _tenant(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_tenant(value.strip())
+    except ConfigError as exc:
+        raise bad_request(f"{TENANT_HEADER}: {exc}") from None
 
 
 def _priority(in_body: Any, in_header: str | None) -> int:
@@ -156,6 +170,8 @@ def error_reply(exc: BaseException) -> tuple[int, bytes, Headers]:
     """Status, JSON body ``{"error": {"type", "message"}}`` and headers answering ``exc``."""
     status, error_type, message = _describe(exc)
     headers = {"Retry-After": RETRY_AFTER} if status == 503 else {}
+    if isinstance(exc, RateLimited):  # whole seconds (RFC 9110), never 0: "now" would only be refused again
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
     return status, dumps({"error": {"type": error_type, "message": message}}), headers
 
 

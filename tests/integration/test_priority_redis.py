@@ -101,7 +101,8 @@ def test_overloaded_hits_the_least_urgent_level_first(redis_client, redis_url, p
         streamer.submit([0])
         with pytest.raises(Overloaded, match="10 items wait undelivered \\(max_queue=10\\)"):
             streamer.submit([0])
-    assert redis_client.xlen(keys.requests) == 10 and redis_client.xlen(keys.requests_at(1)) == 6
+        # (Checked before close(): closing the streamer withdraws the calls nobody waits for.)
+        assert redis_client.xlen(keys.requests) == 10 and redis_client.xlen(keys.requests_at(1)) == 6
 
 
 def test_workers_publish_a_bound_per_level(redis_client, redis_url, prefix, workers):
@@ -114,7 +115,7 @@ def test_workers_publish_a_bound_per_level(redis_client, redis_url, prefix, work
         with pytest.raises(Overloaded, match="3 items wait undelivered at priorities 0-1 \\(max_queue=3\\)"):
             streamer.submit([0], priority=1)
         streamer.submit([0] * 50)  # level 0 keeps the client's bound
-    assert redis_client.xlen(keys.requests_at(1)) == 3
+        assert redis_client.xlen(keys.requests_at(1)) == 3
 
 
 def test_sigkilled_worker_s_entries_of_every_level_are_reclaimed(redis_client, redis_url, prefix, workers, tmp_path):
@@ -153,16 +154,17 @@ def test_status_shows_depth_and_wait_per_level(capsys, redis_client, redis_url, 
     with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
         streamer.submit([0] * 3)
         streamer.submit([0] * 5, priority=1)
-    redis_client.xreadgroup(keys.group, "somebody", {keys.requests_at(1): ">"}, count=2)
-    assert status_main(["--redis", redis_url, "--prefix", prefix, "--interval", "0", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+        redis_client.xreadgroup(keys.group, "somebody", {keys.requests_at(1): ">"}, count=2)
+        assert status_main(["--redis", redis_url, "--prefix", prefix, "--interval", "0", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert status_main(["--redis", redis_url, "--prefix", prefix, "--interval", "0"]) == 0
+        table = capsys.readouterr().out
     assert (report["queue_length"], report["pending"]) == (6, 2)
     rows = [{k: row[k] for k in ("level", "weight", "queue_length", "pending")} for row in report["levels"]]
     assert rows == [{"level": 0, "weight": 8, "queue_length": 3, "pending": 0},
                     {"level": 1, "weight": 1, "queue_length": 3, "pending": 0 + 2}]
     assert all(row["oldest_wait_s"] >= 0 for row in report["levels"])
-    assert status_main(["--redis", redis_url, "--prefix", prefix, "--interval", "0"]) == 0
-    assert "1 (weight 1): 3 waiting, 2 pending" in capsys.readouterr().out
+    assert "1 (weight 1): 3 waiting, 2 pending" in table
 
 
 def test_worker_metrics_count_items_and_wait_per_level(redis_client, redis_url, prefix):
@@ -190,3 +192,46 @@ def test_worker_metrics_count_items_and_wait_per_level(redis_client, redis_url, 
     count = {level: registry.get_sample_value("rstreamer_worker_level_queue_wait_seconds_count",
                                               {"prefix": Keys(prefix).prefix, "level": level}) for level in "01"}
     assert count == {"0": 1, "1": 3}
+
+
+def test_a_refused_bulk_call_does_not_refuse_an_urgent_call_coalesced_after_it(redis_client, redis_url, prefix,
+                                                                                 monkeypatch):
+    import threading
+    import time
+
+    from rstreamer.coalescer import Coalescer
+
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 2)
+    publish_levels(redis_client, keys, Levels((8, 1), (0, 1)))  # level 1 holds one item at most
+    sends: list[int] = []
+    original = Coalescer._send
+
+    def slow_first_send(self, taken):
+        sends.append(len(taken))
+        if len(sends) == 1:
+            time.sleep(0.3)  # the next calls pile up and go out together
+        return original(self, taken)
+
+    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
+    outcomes: dict[str, object] = {}
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        def submit(name: str, priority: int) -> None:
+            try:
+                outcomes[name] = streamer.submit([name], priority=priority)
+            except Exception as exc:  # noqa: BLE001 - the test records what each caller got
+                outcomes[name] = exc
+
+        first = threading.Thread(target=submit, args=("bulk-0", 1))
+        first.start()
+        wait_until(lambda: sends, what="the first ENQUEUE")
+        later = [threading.Thread(target=submit, args=args) for args in (("bulk-1", 1), ("urgent", 0))]
+        for thread in later:
+            thread.start()
+            time.sleep(0.02)  # keeps their order in the next ENQUEUE; not a synchronisation
+        for thread in [first, *later]:
+            thread.join()
+        assert sends == [1, 2], "the two later calls went out in one ENQUEUE"
+        assert isinstance(outcomes["bulk-1"], Overloaded)
+        assert not isinstance(outcomes["urgent"], Exception)
+        assert redis_client.xlen(keys.requests) == 1 and redis_client.xlen(keys.requests_at(1)) == 1

@@ -29,7 +29,8 @@ TOKENS = ["c:0", "client:1", "host-1.pid_2:123", "a" * 64 + ":" + "9" * 20]
 
 def all_keys(keys: Keys) -> list[str]:
     return ([keys.requests, keys.dead, keys.workers, keys.levels] + [keys.requests_at(level) for level in range(1, 16)]
-            + [keys.reply(t) for t in TOKENS] + [keys.cancelled(t) for t in TOKENS])
+            + [keys.reply(t) for t in TOKENS] + [keys.cancelled(t) for t in TOKENS]
+            + [keys.quotas, keys.bucket("acme"), keys.bucket("a@b.c")])
 
 
 def hash_tag(key: str) -> str:

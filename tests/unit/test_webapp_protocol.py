@@ -157,3 +157,19 @@ def test_a_level_the_workers_do_not_serve_is_a_bad_request():
 
     status, error, _ = reply(InvalidPriority("priority 3 is not served"))
     assert (status, error["type"]) == (400, "InvalidPriority")
+
+
+def test_the_tenant_comes_from_the_header():
+    assert protocol.parse_call("application/json", b'{"inputs": [1]}', {"X-Tenant": " acme "}).tenant == "acme"
+    assert protocol.parse_call("application/json", b'{"inputs": [1]}', {}).tenant is None
+    with pytest.raises(protocol.HTTPError, match="X-Tenant: invalid tenant") as raised:
+        protocol.parse_call("application/json", b'{"inputs": [1]}', {"X-Tenant": "a b"})
+    assert raised.value.status == 400
+
+
+@pytest.mark.parametrize("retry_after, header", [(0.25, "1"), (2.1, "3"), (0.0, "1")])
+def test_a_tenant_over_quota_is_429_with_retry_after_in_whole_seconds(retry_after, header):
+    from rstreamer.errors import RateLimited
+
+    status, error, headers = reply(RateLimited("tenant 'a' is over its quota", retry_after))
+    assert (status, error["type"], headers) == (429, "RateLimited", {"Retry-After": header})
