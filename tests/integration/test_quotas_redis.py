@@ -46,10 +46,11 @@ def test_a_tenant_over_its_quota_is_refused_and_others_are_not(redis_client, red
 
 
 def test_a_refused_call_takes_no_tokens(redis_client, redis_url, prefix, quoted):
-    with RedisStreamer(redis_url, prefix, timeout=30, max_queue=2) as streamer:
+    # max_queue 3: a call of 3 items fits an empty queue (a larger one would be CallTooLarge at once).
+    with RedisStreamer(redis_url, prefix, timeout=30, max_queue=3) as streamer:
         streamer.submit([0] * 2, tenant="t")
         with pytest.raises(Exception, match="overloaded"):
-            streamer.submit([0], tenant="t")  # over max_queue: Overloaded, and its token stays
+            streamer.submit([0] * 2, tenant="t")  # 2 + 2 over max_queue: Overloaded, and its tokens stay
         redis_client.delete(quoted.requests)
         ensure_groups(redis_client, quoted, 1)
         streamer.submit([0] * 3, tenant="t")  # 5 - 2 = 3 tokens left
