@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Coroutine, Generator, Iterable
 from types import TracebackType
 from typing import Any, cast
 
@@ -29,11 +30,14 @@ from .calls import (
     call_errors,
     retry_pause,
 )
+from .cancel import cancel_args
 from .connection import create_async_redis
 from .errors import BrokerUnavailable, DecodeError
 from .future import BaseFuture
 from .replies import decode_reply, undecodable
 from .settings import ClientSettings
+
+logger = logging.getLogger(__name__)
 
 
 class AsyncRedisStreamer:
@@ -60,36 +64,66 @@ class AsyncRedisStreamer:
         self.redis = create_async_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                         max_connections=max_connections)
         self._enqueue_script = self.redis.register_script(lua.ENQUEUE_CALLS)
+        self._cancel_script = self.redis.register_script(lua.CANCEL)
         self._poppers: set[asyncio.Task[None]] = set()
         self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)
 
-    async def submit(self, batch: list[Any], timeout: float | None = None) -> AsyncFuture:
+    async def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
+                     tenant: str | None = None) -> AsyncFuture:
         """Queue ``batch`` and return an AsyncFuture; ``await`` it for the outputs.
 
-        Raises Overloaded when the queue is full and BrokerUnavailable when Redis is away.
+        Raises Overloaded when the queue is full, BrokerUnavailable when Redis is away,
+        InvalidPriority for a level the workers do not serve (0, the default, is the most urgent)
+        and RateLimited when ``tenant`` is over its quota.
         """
-        call = self.calls.new_call(list(batch), timeout)
+        call = self.calls.new_call(list(batch), timeout, priority, tenant)
         future = AsyncFuture(call)
+        future.on_cancel(lambda: self._spawn(self._withdraw(future, whole=True)))
         if call.payloads:
-            enqueue = asyncio.ensure_future(self._enqueue(call))
+            enqueue = asyncio.ensure_future(self._enqueue(future))
             enqueue.add_done_callback(_retrieve)
-            done, _ = await asyncio.wait({enqueue}, timeout=max(0.0, call.expires_at - time.monotonic()))
+            try:
+                done, _ = await asyncio.wait({enqueue}, timeout=max(0.0, call.expires_at - time.monotonic()))
+            except asyncio.CancelledError:
+                future.cancel()  # withdrawn once enqueued (see _enqueue)
+                raise
             if not done:  # Redis did not answer before the deadline: the future times out
                 return future
             enqueue.result()
-            popper = asyncio.create_task(self._pop_replies(future))
-            self._poppers.add(popper)
-            popper.add_done_callback(self._poppers.discard)
+            self._spawn(self._pop_replies(future))
         return future
 
-    async def _enqueue(self, call: Call) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in a task of its own, kept until done and cancelled by aclose()."""
+        task = asyncio.ensure_future(work)
+        self._poppers.add(task)
+        task.add_done_callback(self._poppers.discard)
+
+    async def _enqueue(self, future: AsyncFuture) -> None:
+        call = future.call
         # Not retried: a retry after a read timeout would enqueue the items twice.
         with call_errors(self.url):
             # Cheap once done. A cold redis.asyncio RedisCluster given many concurrent first
             # commands closes connections still in use ('NoneType' has no 'writelines',
             # redis-py 8.1); initializing first, under its own lock, avoids that.
             await self.redis.initialize()
-            self.calls.check_enqueued(await self._enqueue_script(**self.calls.enqueue_args(call)))
+            admission = self.calls.check_enqueued(await self._enqueue_script(**self.calls.enqueue_args(call)), call)
+        future.entries = list(zip(admission.ids, range(len(call.payloads)), strict=True))
+        if future.cancelled():  # cancelled while the ENQUEUE ran
+            await self._withdraw(future, whole=True)
+
+    async def _withdraw(self, future: AsyncFuture, whole: bool) -> None:
+        """Withdraw the unanswered items of a cancelled or timed-out call (see rstreamer.cancel)."""
+        entries = [(entry_id, index) for entry_id, index in future.entries if not future.answered(index)]
+        if not entries:
+            return
+        call = future.call
+        ttl = max(0.0, call.expires_at - time.monotonic())
+        try:
+            with call_errors(self.url):
+                await self._cancel_script(**cancel_args(self.keys, call.token, call.priority, entries, ttl, whole))
+        except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
+            logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
 
     async def _pop_replies(self, future: AsyncFuture) -> None:
         """Pop the call's reply key until it is answered or past its deadline."""
@@ -113,6 +147,7 @@ class AsyncRedisStreamer:
             if popped:
                 future.deliver_reply(cast(bytes, popped[1]))  # our client does not decode replies
         if not future.done():
+            await self._withdraw(future, whole=True)
             await self._delete(call.reply_key)
 
     async def _delete(self, reply_key: str) -> None:
@@ -122,10 +157,19 @@ class AsyncRedisStreamer:
         except redis.RedisError:
             pass
 
-    async def predict(self, batch: list[Any], timeout: float | None = None) -> list[Any]:
-        """Return one output per item of ``batch``, in order."""
-        future = await self.submit(batch, timeout)
-        return await future.result()
+    async def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
+                      tenant: str | None = None) -> list[Any]:
+        """Return one output per item of ``batch``, in order (``priority`` and ``tenant`` as in
+        :meth:`submit`).
+
+        Cancelling the task that awaits it withdraws the call's items (see rstreamer.cancel).
+        """
+        future = await self.submit(batch, timeout, priority=priority, tenant=tenant)
+        try:
+            return await future.result()
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
 
     async def submit_job(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
                          meta: Any = None, *, window: int | None = None,
@@ -159,6 +203,7 @@ class AsyncFuture(BaseFuture):
     def __init__(self, call: Call) -> None:
         super().__init__(len(call.payloads), call.timeout)
         self.call = call
+        self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
         self._settled_event = asyncio.Event()
 
     def _on_complete(self) -> None:

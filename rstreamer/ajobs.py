@@ -44,6 +44,7 @@ from .jobs import (
 )
 from .keys import Keys, job_token
 from .messages import WIRE_VERSION
+from .priority import Levels
 from .settings import JobSettings
 
 
@@ -64,7 +65,10 @@ class AsyncJobClient:
     async def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
                      meta: Any = None, window: int | None = None, webhook: str | None = None) -> AsyncJob:
         """Store the items and feed the first window; see :meth:`AsyncRedisStreamer.submit_job`."""
-        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook)
+        with broker_errors(self.url):
+            raw = await self.redis.get(self.keys.levels)
+        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook,
+                      Levels.from_json(raw) if raw else Levels())
         with broker_errors(self.url):
             try:
                 await self._upload(job)

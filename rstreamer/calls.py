@@ -16,9 +16,11 @@ import redis
 
 from . import codec
 from .connection import broker_errors, normalize_broker_url
-from .errors import CallTooLarge, EncodeError, Overloaded
+from .errors import CallTooLarge, EncodeError, InvalidPriority, Overloaded, RateLimited
 from .keys import Keys
-from .messages import Admission, QueueLimits, enqueue_args
+from .messages import Admission, QueueLimits, Verdict, call_tenants, enqueue_args, enqueue_keys
+from .priority import check_priority
+from .quotas import check_tenant
 from .settings import ClientSettings, prefix_from_env, redis_url_from_env
 from .tracing import current_traceparent
 
@@ -78,6 +80,8 @@ class Call:
     deadline: float
     expires_at: float = field(default=0.0, compare=False)
     traceparent: bytes | None = field(default=None, compare=False)  # the caller's span, sent as b"tp"
+    priority: int = 0  # the level (stream) its items go to; 0 is the most urgent
+    tenant: str | None = None  # whose quota it takes (rstreamer.quotas); None: no quota
 
 
 class CallFactory:
@@ -109,9 +113,12 @@ class CallFactory:
                     self._pid = os.getpid()
         return f"{self._client_id}:{next(self._tasks)}"
 
-    def new_call(self, batch: list[Any], timeout: float | None) -> Call:
+    def new_call(self, batch: list[Any], timeout: float | None, priority: int = 0, tenant: str | None = None) -> Call:
         """Encode ``batch``; raises EncodeError for an item that cannot be sent, CallTooLarge for
-        a batch the queue bound could never admit."""
+        a batch the queue bound could never admit, ConfigError for a priority that cannot be a
+        level (whether the workers serve it, the ENQUEUE script says) or an invalid tenant name."""
+        check_priority(priority)
+        check_tenant(tenant)
         max_queue = self.settings.max_queue
         if max_queue and len(batch) > max_queue:
             # Refused at once: it could only ever be refused as Overloaded, however often retried.
@@ -126,7 +133,7 @@ class CallFactory:
         token = self._next_token()
         timeout = self.settings.timeout if timeout is None else timeout
         return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
-                    time.monotonic() + timeout, current_traceparent())
+                    time.monotonic() + timeout, current_traceparent(), priority, tenant)
 
     # The arguments of the ENQUEUE_CALLS script are built by messages.enqueue_args (the wire
     # format) from what these two methods give it, and nowhere else.
@@ -143,20 +150,21 @@ class CallFactory:
     def enqueue_calls_args(self, calls: Sequence[Call]) -> ScriptArgs:
         """Arguments of the ENQUEUE_CALLS script for ``calls``, sent under the first one's token."""
         # Each call keeps its own deadline, so an item never runs after its caller gave up.
-        shapes = [(call.payloads, call.deadline) for call in calls]
+        shapes = [(call.payloads, call.deadline, call.priority, call.tenant) for call in calls]
         traceparents = [call.traceparent or b"" for call in calls]
-        return {"keys": [self.keys.requests],
+        return {"keys": enqueue_keys(self.keys, (call.priority for call in calls), call_tenants(shapes)),
                 "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents)}
 
-    def overloaded(self, admission: Admission) -> Overloaded:
+    def refusal(self, verdict: Verdict, refused: Call) -> Overloaded | InvalidPriority | RateLimited:
         """The error of a call the ENQUEUE_CALLS script refused, saying why."""
-        return admission.error(self.keys.prefix, self.limits)
+        return verdict.error(self.keys.prefix, self.limits, refused.priority, refused.tenant)
 
-    def check_enqueued(self, reply: Sequence[Any]) -> None:
-        """Raise Overloaded when the ENQUEUE_CALLS script refused the call."""
+    def check_enqueued(self, reply: Sequence[Any], call: Call) -> Admission:
+        """The admission of ``call`` alone; raises Overloaded, InvalidPriority or RateLimited when refused."""
         admission = Admission.parse(reply)
-        if admission.accepted < 1:
-            raise self.overloaded(admission)
+        if not admission.verdicts[0].added:
+            raise self.refusal(admission.verdicts[0], call)
+        return admission
 
 
 @contextlib.contextmanager

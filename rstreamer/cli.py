@@ -60,6 +60,11 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "wait_for_redis": 0.0,
     "max_batch_cost": WorkerSettings.max_batch_cost,
     "cost_model": WorkerSettings.cost_model,
+    "priorities": WorkerSettings.priorities,
+    "level_max_queue": WorkerSettings.level_max_queue,
+    "tenant_rate": WorkerSettings.tenant_rate,
+    "tenant_burst": WorkerSettings.tenant_burst,
+    "tenant_quotas": WorkerSettings.tenant_quotas,
     "model": None,
 }
 
@@ -67,7 +72,8 @@ WORKER_DEFAULTS: dict[str, Any] = {
 WORKER_ENV = {dest: REDIS_URL_ENV if dest == "redis" else env_name(dest) for dest in WORKER_DEFAULTS}
 
 # Options that are WorkerSettings fields: their text has the settings' own parser.
-SETTINGS_OPTIONS = ("batch_size", "max_latency", "max_batch_cost", "cost_model")
+SETTINGS_OPTIONS = ("batch_size", "max_latency", "max_batch_cost", "cost_model", "priorities", "level_max_queue",
+                    "tenant_rate", "tenant_burst", "tenant_quotas")
 
 
 # value parsers: shared by the command line and the environment -------------------------
@@ -163,6 +169,20 @@ def worker_parser() -> argparse.ArgumentParser:
                                    "0: no budget", "max_batch_cost"))
     parser.add_argument("--cost-model", type=p["cost_model"], choices=("padded", "sum"),
                         help=_help("a batch costs len(batch) * max(cost) (padded) or sum(cost)", "cost_model"))
+    parser.add_argument("--priorities", type=p["priorities"], metavar="W0,W1,...",
+                        help=_help("priority levels and their weights, level 0 (most urgent) first, e.g. 8,1; "
+                                   "a busy worker gives level k weight_k/sum of its items (docs/priority.md)",
+                                   "priorities"))
+    parser.add_argument("--level-max-queue", type=p["level_max_queue"], metavar="N0,N1,...",
+                        help=_help("per level, refuse calls while this many items of it and of the more urgent "
+                                   "levels wait (0: the client's max_queue)", "level_max_queue"))
+    parser.add_argument("--tenant-rate", type=p["tenant_rate"], metavar="ITEMS_PER_S",
+                        help=_help("every tenant's quota: items per second over the whole fleet (calls that name "
+                                   "a tenant; over it: RateLimited, HTTP 429); 0: no quota", "tenant_rate"))
+    parser.add_argument("--tenant-burst", type=p["tenant_burst"], metavar="ITEMS",
+                        help=_help("every tenant's bucket: most items at once (0: one second's worth)", "tenant_burst"))
+    parser.add_argument("--tenant-quotas", type=p["tenant_quotas"], metavar="NAME=RATE:BURST,...",
+                        help=_help("tenants with their own quota, e.g. acme=100:200,free=5:10", "tenant_quotas"))
     parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
                         help=_help("JSON array of init_model positional arguments", "init_args"))
     parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",
@@ -185,7 +205,7 @@ def worker_parser() -> argparse.ArgumentParser:
 
 def _help(text: str, dest: str) -> str:
     default = WORKER_DEFAULTS[dest]
-    shown = "" if default in (None, [], {}) else f", default {default}"
+    shown = "" if default in (None, [], {}, "") else f", default {default}"
     return f"{text} (env {WORKER_ENV[dest]}{shown})"
 
 
@@ -355,11 +375,16 @@ def status_main(argv: list[str]) -> int:
 
 def _unknown_prefix(client: Any, prefix: str, url: str) -> str:
     """Why ``prefix`` shows nothing, and which prefixes this Redis does have."""
+    import difflib
+
     from .connection import redacted
     from .keys import Keys
     from .status import list_prefixes
 
     known = list_prefixes(client)
+    # The likeliest meant ones first: a misspelt prefix is the usual cause.
+    close = difflib.get_close_matches(Keys(prefix).prefix, known, n=10, cutoff=0.5)
+    known = close + [name for name in known if name not in close]
     shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
     return (f"prefix {Keys(prefix).prefix!r} is unknown at {redacted(url)}: no request stream, worker or dead "
             f"letter under it ({'known prefixes: ' + shown if known else 'no prefix is known there'})")

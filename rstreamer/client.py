@@ -38,18 +38,27 @@ class RedisStreamer(BaseStreamer):
         self._coalescer = Coalescer(self.redis, self.url, self.calls)
         self.jobs = JobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)
 
-    def submit(self, batch: list[Any], timeout: float | None = None) -> Future:
+    def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
+               tenant: str | None = None) -> Future:
         """Queue ``batch`` and return a Future; raises Overloaded or BrokerUnavailable when it
-        could not be enqueued."""
-        return self._submit(batch, timeout, patient=False)
+        could not be enqueued, InvalidPriority for a level the workers do not serve and
+        RateLimited when ``tenant`` is over its quota.
 
-    def predict(self, batch: list[Any], timeout: float | None = None) -> list[Any]:
-        """Return one output per item of ``batch``, in order."""
+        ``priority``: 0 (the default) is the most urgent level; ``tenant``: whose quota the call
+        takes (None: no quota). See docs/priority.md. ``future.cancel()`` withdraws the call.
+        """
+        return self._submit(batch, timeout, priority, tenant, patient=False)
+
+    def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
+                tenant: str | None = None) -> list[Any]:
+        """Return one output per item of ``batch``, in order (``priority`` and ``tenant`` as in
+        :meth:`submit`)."""
         # patient: the thread parks once, from enqueue to answer, not once for each.
-        return self._submit(batch, timeout, patient=True).result()
+        return self._submit(batch, timeout, priority, tenant, patient=True).result()
 
-    def _submit(self, batch: list[Any], timeout: float | None, patient: bool) -> RedisFuture:
-        future = RedisFuture(self.calls.new_call(list(batch), timeout))
+    def _submit(self, batch: list[Any], timeout: float | None, priority: int, tenant: str | None,
+                patient: bool) -> RedisFuture:
+        future = RedisFuture(self.calls.new_call(list(batch), timeout, priority, tenant))
         if future.call.payloads:
             self._coalescer.enqueue(future, patient)
         return future

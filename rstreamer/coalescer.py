@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ import redis
 from . import lua
 from .batching import Outcome
 from .calls import MAX_CONNECTIONS, CallFactory, blpop_block, call_errors, retry_pause
+from .cancel import cancel_args
 from .connection import RedisClient
 from .errors import BrokerUnavailable, DecodeError
 from .messages import Admission
@@ -34,6 +36,8 @@ from .replies import decode_reply, undecodable
 
 if TYPE_CHECKING:
     from .client import RedisFuture
+
+logger = logging.getLogger(__name__)
 
 MAX_GROUP_ITEMS = 1024
 """Most items one coalesced ENQUEUE carries, so that one script never holds Redis for long."""
@@ -52,13 +56,16 @@ class CallState(enum.Enum):
 class Ticket:
     """One call's place in the coalescer; only the Coalescer changes it, under its lock."""
 
-    __slots__ = ("future", "state", "error", "offset", "_settled")
+    __slots__ = ("future", "state", "error", "offset", "token", "entries", "group", "_settled")
 
     def __init__(self, future: RedisFuture) -> None:
         self.future = future
         self.state = CallState.PENDING
         self.error: BaseException | None = None
         self.offset = 0  # index of its first item in its group's reply
+        self.token = ""  # the token its entries carry: its group's
+        self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
+        self.group: ReplyGroup | None = None
         self._settled = threading.Lock()
         self._settled.acquire()  # released once the ENQUEUE has decided
 
@@ -134,6 +141,11 @@ class ReplyGroup:
         """Whether every call of the group has all its answers."""
         return all(ticket.future.done() for ticket in self.tickets)
 
+    def abandoned(self) -> bool:
+        """True when no call of the group waits for an answer any more (all cancelled or
+        answered): its replies may be dropped whole."""
+        return all(ticket.future.cancelled() or ticket.future.done() for ticket in self.tickets)
+
 
 class Coalescer:
     """Enqueues the calls of a RedisStreamer, coalescing concurrent ones, and pops their answers."""
@@ -143,6 +155,7 @@ class Coalescer:
         self._url = url
         self._calls = calls
         self._script = client.register_script(lua.ENQUEUE_CALLS)
+        self._cancel = client.register_script(lua.CANCEL)
         self._lock = threading.Lock()
         self._pending: list[Ticket] = []
         self._flushing = False
@@ -155,6 +168,7 @@ class Coalescer:
         """Queue ``future``'s call. Unless ``patient``, return once it is enqueued (raising why it
         was not) or its deadline has passed; a patient caller learns the outcome from the future."""
         ticket = Ticket(future)
+        future.on_cancel(lambda: self.cancel(ticket))
         with self._lock:
             if self._closed:
                 raise BrokerUnavailable("the streamer is closed")
@@ -174,6 +188,35 @@ class Coalescer:
         # SENDING: the deadline passed during the ENQUEUE; the future times out.
         if ticket.state is CallState.FAILED and ticket.error is not None:
             raise ticket.error
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a cancelled call: never sent if it was still pending, else its unanswered
+        items are withdrawn from Redis (in an I/O thread: cancel() does not wait for Redis)."""
+        with self._lock:
+            if ticket.state is CallState.PENDING:
+                self._pending.remove(ticket)
+                ticket.drop()
+                return
+            if ticket.state is not CallState.SENT:
+                return  # SENDING: withdrawn when its ENQUEUE settles (_settle); FAILED: nothing queued
+        self._start(self._withdraw, [ticket], False)
+
+    def _withdraw(self, tickets: list[Ticket], whole: bool) -> None:
+        """Run CANCEL for the unanswered items of ``tickets``; best effort: a worker that still
+        runs an item answers a reply key that nobody reads and that expires."""
+        for ticket in tickets:
+            entries = [(entry_id, index) for entry_id, index in ticket.entries
+                       if not ticket.future.answered(index - ticket.offset)]
+            if not entries:
+                continue
+            group_whole = whole or (ticket.group is not None and ticket.group.abandoned())
+            ttl = max(0.0, ticket.expires_at - time.monotonic())
+            try:
+                with call_errors(self._url):
+                    self._cancel(**cancel_args(self._calls.keys, ticket.token, ticket.future.call.priority, entries,
+                                               ttl, group_whole))
+            except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
+                logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
 
     def close(self) -> None:
         """Refuse new calls and stop the poppers (each within one BLPOP slice)."""
@@ -252,20 +295,32 @@ class Coalescer:
                 args = self._calls.enqueue_calls_args([t.future.call for t in taken])
                 admission = Admission.parse(self._script(**args))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
-            self._settle(taken, 0, exc)
+            self._settle([(t, exc if n == 0 else _copy_error(exc)) for n, t in enumerate(taken)])
             if not isinstance(exc, Exception):
                 raise
             return None
-        accepted = admission.accepted
-        self._settle(taken, accepted, self._calls.overloaded(admission))
-        return ReplyGroup(taken[0].future.call.reply_key, taken[:accepted]) if accepted else None
+        accepted = [t for t, verdict in zip(taken, admission.verdicts, strict=True) if verdict.added]
+        group = ReplyGroup(taken[0].future.call.reply_key, accepted) if accepted else None
+        ids = iter(admission.ids)
+        for ticket in accepted:
+            size = len(ticket.future.call.payloads)
+            ticket.token, ticket.group = taken[0].future.call.token, group
+            ticket.entries = [(next(ids), ticket.offset + i) for i in range(size)]
+        self._settle([(t, None if v.added else self._calls.refusal(v, t.future.call))
+                      for t, v in zip(taken, admission.verdicts, strict=True)])
+        cancelled = [ticket for ticket in accepted if ticket.future.cancelled()]
+        if cancelled:  # cancelled during the ENQUEUE
+            self._start(self._withdraw, cancelled, False)
+        return group
 
-    def _settle(self, taken: list[Ticket], accepted: int, refusal: BaseException) -> None:
+    def _settle(self, outcomes: list[tuple[Ticket, BaseException | None]]) -> None:
+        """Each call added (no error) or refused with its own error."""
         with self._lock:
-            for ticket in taken[:accepted]:
-                ticket.sent()
-            for position, ticket in enumerate(taken[accepted:]):
-                ticket.failed(refusal if position == 0 else _copy_error(refusal))
+            for ticket, refusal in outcomes:
+                if refusal is None:
+                    ticket.sent()
+                else:
+                    ticket.failed(refusal)
 
     # the poppers -----------------------------------------------------------------------------
 
@@ -294,6 +349,10 @@ class Coalescer:
             if popped:
                 group.deliver(cast(bytes, popped[1]))  # our client does not decode replies
         if not group.answered():
+            if self._serving():
+                # Timed out or cancelled: nobody waits for the rest; withdraw what has not run.
+                # (Not on close(): the calls of a closed streamer stay queued, as they always did.)
+                self._withdraw([t for t in group.tickets if not t.future.done()], True)
             self._delete(group.reply_key)
 
     def _serving(self) -> bool:

@@ -343,13 +343,13 @@ def scrub_password(message: str, url: str) -> str:
     return message.replace(password, "***") if password else message
 
 
-def ensure_group(client: RedisClient, keys: Keys) -> None:
-    """Create the request stream and its consumer group if missing (idempotent).
+def ensure_group(client: RedisClient, keys: Keys, level: int = 0) -> None:
+    """Create the request stream of priority ``level`` and its consumer group if missing (idempotent).
 
     A script flagged allow-oom: XGROUP CREATE alone is refused at maxmemory, even for a group
     that exists, and a worker starting while Redis is full must still start.
     """
-    client.register_script(lua.ENSURE_GROUP)(keys=[keys.requests], args=[keys.group])
+    client.register_script(lua.ENSURE_GROUP)(keys=[keys.requests_at(level)], args=[keys.group])
 
 
 def is_nogroup(exc: BaseException) -> bool:

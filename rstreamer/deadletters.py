@@ -91,7 +91,8 @@ def payload_preview(raw: bytes | None) -> str:
 
 
 def replay(client: RedisClient, keys: Keys, letter_ids: list[str], timeout: float = 60.0) -> int:
-    """Put dead letters back on the request stream with ``timeout`` seconds to run; returns how many."""
+    """Put dead letters back on the request stream of their priority level with ``timeout``
+    seconds to run; returns how many."""
     letters = [(i, f) for i in letter_ids for _, f in cast(StreamRows, client.xrange(keys.dead, i, i, count=1))]
     if not letters:
         return 0
@@ -103,10 +104,18 @@ def replay(client: RedisClient, keys: Keys, letter_ids: list[str], timeout: floa
             k[len(FIELD_PREFIX):]: v for k, v in fields.items() if k.startswith(FIELD_PREFIX)}
         # version 2 counts ``r`` from the new entry's id; version 1 reads ``d``
         entry[REMAINING], entry[DEADLINE] = str(int(timeout * 1000)).encode(), deadline
-        pipe.xadd(keys.requests, entry)
+        pipe.xadd(keys.requests_at(_level(fields)), entry)
         pipe.xdel(keys.dead, letter_id)
     pipe.execute()
     return len(letters)
+
+
+def _level(fields: dict[bytes, bytes]) -> int:
+    """The priority level a letter was read from (the worker records it when not 0)."""
+    try:
+        return max(0, int(fields.get(b"level", b"0")))
+    except ValueError:
+        return 0
 
 
 def purge(client: RedisClient, keys: Keys, letter_ids: list[str]) -> int:

@@ -76,6 +76,33 @@ class NoLiveWorker(RStreamerError):
     http_status = 503
 
 
+class Cancelled(RStreamerError):
+    """The call was cancelled (``future.cancel()``, a cancelled task, a client that disconnected)."""
+
+    http_status = 499  # nginx's "client closed request": nobody is left to read it
+
+
+class RateLimited(RStreamerError):
+    """The call's tenant is over its quota; ``retry_after``: seconds until it may send this call
+    (0 when the call is larger than the tenant's burst and never fits: split it)."""
+
+    http_status = 429
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message, retry_after)  # both in args: a copy (type(e)(*e.args)) keeps them
+        self.message = message
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidPriority(RStreamerError, ValueError):
+    """The call's priority level is not one the workers of its prefix serve."""
+
+    http_status = 400
+
+
 class BrokerUnavailable(RStreamerError, ConnectionError):
     """Redis could not be reached within the retry budget."""
 

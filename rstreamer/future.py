@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .batching import Failure, Outcome
-from .errors import StreamerTimeout, remote_error_from
+from .errors import Cancelled, StreamerTimeout, remote_error_from
 from .hooks import caller_woken
 
 
@@ -21,6 +21,8 @@ class BaseFuture:
         self._deadline_mono = time.monotonic() + timeout
         self._outcomes: dict[int, Outcome[Any]] = {}
         self._error: BaseException | None = None
+        self._cancelled = False
+        self._cancel_callback: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self.answered_at: float | None = None
 
@@ -32,7 +34,7 @@ class BaseFuture:
     def deliver(self, index: int, outcome: Outcome[Any]) -> None:
         """Record the answer of item ``index``; the first answer per index wins."""
         with self._lock:
-            if 0 <= index < self.size and index not in self._outcomes:
+            if 0 <= index < self.size and index not in self._outcomes and not self._cancelled:
                 self._outcomes[index] = outcome
                 if len(self._outcomes) == self.size:
                     self.answered_at = time.perf_counter()  # for rstreamer_client_wakeup_seconds
@@ -47,6 +49,36 @@ class BaseFuture:
 
     def _on_complete(self) -> None:
         """Called, under the lock, when the last answer arrives or the call fails."""
+
+    def cancel(self) -> bool:
+        """Withdraw the call: waiting ends with Cancelled, answers that still come are dropped,
+        and over Redis its items that no worker has read are deleted, so none of them runs
+        (see :mod:`rstreamer.cancel`). False when it was already answered or failed."""
+        with self._lock:
+            if self.settled():
+                return False
+            self._error = Cancelled(f"the call of {self.size} items was cancelled")
+            self._cancelled = True
+            self._on_complete()
+        self._on_cancel()
+        return True
+
+    def cancelled(self) -> bool:
+        """True if :meth:`cancel` withdrew the call."""
+        return self._cancelled
+
+    def answered(self, index: int) -> bool:
+        """True once item ``index`` has its answer."""
+        return index in self._outcomes
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called (once, outside the lock) when the call is cancelled: the
+        transport withdraws its items."""
+        self._cancel_callback = callback
+
+    def _on_cancel(self) -> None:
+        if self._cancel_callback is not None:
+            self._cancel_callback()
 
     def deliver_all(self, results: Iterable[tuple[int, Outcome[Any]]]) -> None:
         """Record several answers (see :meth:`deliver`)."""

@@ -20,8 +20,9 @@ class WorkerHooks:
     def server_time(self, server_ms: int) -> None:
         """The Redis server's clock (ms) as just read: lets queue waits be measured on it."""
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
-        """A batch of stream entries was read (``closed``: why it closed) and is about to run."""
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
+        """A batch of stream entries was read (``closed``: why it closed) and is about to run;
+        ``levels``: each entry's priority level (empty: all level 0)."""
 
     def batch_done(self) -> None:
         """The batch's replies and acks are in Redis."""
@@ -38,10 +39,10 @@ class ChainedHooks(WorkerHooks):
         for hook in self.hooks:
             hook.server_time(server_ms)
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
         """Tell every observer that a batch starts."""
         for hook in self.hooks:
-            hook.batch_started(entries, closed, batch_size)
+            hook.batch_started(entries, closed, batch_size, levels)
 
     def batch_done(self) -> None:
         """Tell every observer that the batch is done."""

@@ -46,8 +46,10 @@ class AnswerLike(Protocol):
 class JobSink:
     """Admission and recording of job items for one worker."""
 
-    def __init__(self, client: RedisClient, keys: Keys, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, max_bytes: int = codec.DEFAULT_MAX_BYTES,
+                 least_urgent: int = 0) -> None:
         self._keys = keys
+        self._least_urgent = least_urgent
         self._max_bytes = max_bytes
         self._admit = client.register_script(lua.JOB_ADMIT)
         self._record = client.register_script(lua.JOB_RECORD)
@@ -102,4 +104,4 @@ class JobSink:
     def _level(self, job: str) -> int | None:
         # Known from admit() but for answers that skip it (dead letters): then the feed goes to
         # the least urgent stream, where jobs go by default.
-        return self._levels.get(job)
+        return self._levels.get(job, self._least_urgent)

@@ -32,6 +32,7 @@ from .errors import (
     DecodeError,
     EncodeError,
     InvalidJobId,
+    InvalidPriority,
     JobCancelled,
     JobNotFound,
     JobTooLarge,
@@ -40,7 +41,9 @@ from .errors import (
     remote_error_from,
 )
 from .keys import Keys, is_job_id, job_token
+from .levelsource import published_levels
 from .messages import WIRE_VERSION
+from .priority import Levels
 from .replies import decode_reply
 from .settings import JobSettings
 
@@ -195,13 +198,15 @@ def ttl_ms(ttl: float | None, settings: JobSettings) -> int:
     return max(1, int(seconds * 1000))
 
 
-def check_level(priority: int | None) -> str:
-    """The level as stored in the job hash ('' for the least urgent one)."""
+def check_level(priority: int | None, levels: Levels) -> int:
+    """The level a job runs at: ``priority``, or the least urgent level the workers serve."""
     if priority is None:
-        return ""
+        return levels.count - 1
     if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
         raise ValueError(f"priority must be an integer >= 0 or None, got {priority!r}")
-    return str(priority)
+    if priority >= levels.count:
+        raise InvalidPriority(f"priority {priority}: the workers of this prefix serve levels 0 to {levels.count - 1}")
+    return priority
 
 
 def _text(fields: Mapping[bytes, bytes], name: str) -> str:
@@ -311,9 +316,13 @@ class Submission:
 
 
 def prepare(keys: Keys, items: Iterable[Any], settings: JobSettings, max_item_bytes: int, ttl: float | None,
-            priority: int | None, meta: Any, window: int | None, webhook: str | None = None) -> Submission:
-    """Validate and encode a job; raises EncodeError, JobTooLarge or ValueError."""
-    level = check_level(priority)
+            priority: int | None, meta: Any, window: int | None, webhook: str | None = None,
+            levels: Levels | None = None) -> Submission:
+    """Validate and encode a job; raises EncodeError, JobTooLarge, InvalidPriority or ValueError.
+
+    ``levels``: the priority levels the workers publish (a job defaults to the least urgent).
+    """
+    level = check_level(priority, levels or Levels())
     hook = check_webhook(webhook)
     duration = ttl_ms(ttl, settings)
     window = settings.job_window if window is None else window
@@ -322,7 +331,7 @@ def prepare(keys: Keys, items: Iterable[Any], settings: JobSettings, max_item_by
     meta_text = encode_meta(meta)
     payloads = encode_items(items, max_item_bytes, settings.job_max_items)
     job_id = new_job_id()
-    stream = keys.job_feed_stream(int(level) if level else None)
+    stream = keys.job_feed_stream(level)
     return Submission(
         job_id, payloads,
         [keys.job(job_id), keys.job_inputs(job_id), keys.jobs, keys.job_log(job_id), keys.job_events, stream,
@@ -373,7 +382,10 @@ class JobClient:
     def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
                meta: Any = None, window: int | None = None, webhook: str | None = None) -> Job:
         """Store the items and feed the first window; see :meth:`RedisStreamer.submit_job`."""
-        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook)
+        with broker_errors(self.url):
+            levels = published_levels(self.redis, self.keys)
+        job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook,
+                      levels)
         with broker_errors(self.url):
             try:
                 self._upload(job)

@@ -16,6 +16,7 @@ WEBHOOK_GROUP = "webhooks"
 DEFAULT_PREFIX = "default"
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+_TENANT = re.compile(r"[A-Za-z0-9_.\-@]{1,100}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}")
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 _JOB_TOKEN = re.compile(r"job:([0-9a-f]{32})")
@@ -84,6 +85,29 @@ class Keys:
         """The stream of work."""
         return self._key("requests")
 
+    def requests_at(self, level: int) -> str:
+        """The request stream of priority ``level``: level 0 is :attr:`requests` itself (so that
+        clients and workers that know no levels keep working), level k >= 1 ``requests:k``."""
+        if not isinstance(level, int) or isinstance(level, bool) or level < 0:
+            raise ValueError(f"invalid priority level {level!r}")
+        return self.requests if level == 0 else self._key("requests", str(level))
+
+    @property
+    def levels(self) -> str:
+        """The priority levels the workers serve (JSON), for clients to check; has a TTL."""
+        return self._key("levels")
+
+    @property
+    def quotas(self) -> str:
+        """The per-tenant quotas the workers publish (JSON, see rstreamer.quotas); has a TTL."""
+        return self._key("quotas")
+
+    def bucket(self, tenant: str) -> str:
+        """The token bucket of one tenant's quota (a hash with a TTL)."""
+        if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+            raise ValueError(f"invalid tenant {tenant!r}")
+        return self._key("bucket", tenant)
+
     @property
     def dead(self) -> str:
         """The dead-letter stream."""
@@ -135,12 +159,10 @@ class Keys:
         """Stream of the indexes a job's answers came in, in completion order."""
         return self._key("job", _checked_job_id(job_id), "log")
 
-    def job_feed_stream(self, level: int | None = None) -> str:
-        """The request stream a job at priority ``level`` is fed into (None: the least urgent).
-
-        Until priority levels exist there is one stream, so every level maps to it.
-        """
-        return self.requests
+    def job_feed_stream(self, level: int | None) -> str:
+        """The request stream a job at priority ``level`` is fed into (None, a job of a version
+        that stored no level: level 0's stream, the only one of that version)."""
+        return self.requests_at(level or 0)
 
     def job_keys(self, job_id: str) -> list[str]:
         """Every key of one job (to expire or delete them together)."""
@@ -151,6 +173,13 @@ class Keys:
         if not is_reply_token(token):
             raise ValueError(f"invalid reply token {token!r}")
         return self._key("reply", token)
+
+    def cancelled(self, token: str) -> str:
+        """The set of the indexes of one token's items that their caller withdrew while a worker
+        held them (``*``: every item of the token); has a TTL (the callers' deadline)."""
+        if not is_reply_token(token):
+            raise ValueError(f"invalid reply token {token!r}")
+        return self._key("cancelled", token)
 
 
 def _checked_job_id(job_id: str) -> str:

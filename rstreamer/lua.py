@@ -2,70 +2,152 @@
 from __future__ import annotations
 
 # Admission and enqueue of the calls one client sends under one token (messages.enqueue_args
-# builds the arguments, messages.Admission reads the reply). KEYS[1] request stream.
+# builds the arguments, messages.Admission reads the reply). KEYS[1] the levels the workers
+# published (JSON {weights, max_queue}; absent: one level, as before priority levels), KEYS[2]
+# the tenant quotas they published (JSON {rate, burst, tenants}; absent: no quotas), KEYS[3..2+t]
+# the token buckets of the t tenants the calls name, then the request streams of levels 0, 1, ...
+# up to the highest level among the calls.
 # ARGV: max_queue (items, 0 = no limit), max_queue_bytes (0 = no limit), admit_wait_permille,
-# group, token, wire version, number of calls n, then n triples (item count, remaining timeout
-# in ms, deadline on the client's wall clock in ms), then the payloads of every call in order.
-# Each call is checked as if it came alone, one after another; the first one refused and the
-# ones after it are not added, and the reply says why: {accepted, reason, detail} with reason
-# 0 none, 1 undelivered backlog at max_queue (detail: items), 2 the stream's memory would exceed
-# max_queue_bytes (detail: bytes), 3 the oldest undelivered entry has waited more than
-# admit_wait_permille/1000 of the call's remaining timeout, so that a new item would not run in
-# time (detail: its age in ms, on the server's clock like every entry id). Items are numbered
-# across the calls. Check and add are one script, so concurrent callers cannot overshoot.
+# group, token, wire version, number of calls n, number of tenants t, then the t tenant names,
+# then n quintuples (item count, remaining timeout in ms, deadline on the client's wall clock in
+# ms, priority level, tenant number 1..t or 0 for none), then the payloads of every call in
+# order, then optionally one W3C traceparent per call ('' = none).
+# Each call is checked as if it came alone, one after another, and added or refused on its own
+# (a bulk call refused never refuses an urgent call coalesced after it). The reply is {n, then
+# per call its reason, detail and limit, then the ids of the entries added, in order (a caller
+# withdraws them when it cancels)} with reason 0 added, 1 the undelivered backlog of the call's
+# level and of the more urgent ones, plus the call's items, would exceed the level's bound
+# (detail: the backlog in items; limit: the bound: the level's published max_queue, else the
+# client's), 2 the streams' memory would exceed max_queue_bytes (detail: bytes), 3 the oldest
+# undelivered entry of the call's level has waited more than admit_wait_permille/1000 of the
+# call's remaining timeout, so that a new item would not run in time (detail: its age in ms, on
+# the server's clock like every entry id), 4 the level is beyond the levels the workers serve
+# (detail: their number of levels), 5 the tenant is over its quota (detail: ms until its bucket
+# holds enough tokens, -1 when the call is larger than the burst; limit: the burst). Items are
+# numbered across the calls, refused ones included (each call's answers go to its own offset).
+# Counting the more urgent levels' backlog is what makes Overloaded hit the least urgent level
+# first. A token bucket (tokens, ms of the last refill) refills at rate items/s
+# up to burst; a call takes one token per item, only once every other check has passed. Check
+# and add are one script, so concurrent callers cannot overshoot.
 ENQUEUE_CALLS = """
 local max_queue, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
 local permille, group, token, version = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local calls = tonumber(ARGV[7])
-local backlog, queued_bytes, oldest_ms = 0, 0, nil
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  backlog = redis.call('XLEN', KEYS[1])
-  local first = '-'
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-    local info = {}
-    for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-    if info['name'] == group then
-      backlog = backlog - info['pending']
-      first = '(' .. info['last-delivered-id']
-    end
-  end
-  if backlog > 0 then
-    local head = redis.call('XRANGE', KEYS[1], first, '+', 'COUNT', 1)
-    if head[1] then oldest_ms = tonumber(string.match(head[1][1], '^(%d+)')) end
-  end
-  if max_bytes > 0 then queued_bytes = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', 0) end
+local calls, tenants = tonumber(ARGV[7]), tonumber(ARGV[8])
+local streams = #KEYS - 2 - tenants
+local levels, bounds = 1, {}
+local published = redis.call('GET', KEYS[1])
+if published then
+  local config = cjson.decode(published)
+  levels = #config['weights']
+  bounds = config['max_queue'] or {}
 end
+local quotas = nil
+local published_quotas = redis.call('GET', KEYS[2])
+if published_quotas then quotas = cjson.decode(published_quotas) end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local age = 0
-if oldest_ms then age = math.max(0, now_ms - oldest_ms) end
-local payload = 8 + 3 * calls
-local traced = payload  -- optional: one W3C traceparent per call after the payloads ('' = none)
-for c = 1, calls do traced = traced + tonumber(ARGV[5 + 3 * c]) end
+local backlog, age, queued_bytes = {}, {}, 0
+for l = 1, streams do
+  local stream = KEYS[2 + tenants + l]
+  backlog[l], age[l] = 0, 0
+  if redis.call('EXISTS', stream) == 1 then
+    backlog[l] = redis.call('XLEN', stream)
+    local first = '-'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      local info = {}
+      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+      if info['name'] == group then
+        backlog[l] = backlog[l] - info['pending']
+        first = '(' .. info['last-delivered-id']
+      end
+    end
+    if backlog[l] > 0 then
+      local head = redis.call('XRANGE', stream, first, '+', 'COUNT', 1)
+      if head[1] then age[l] = math.max(0, now_ms - tonumber(string.match(head[1][1], '^(%d+)'))) end
+    end
+    if max_bytes > 0 then queued_bytes = queued_bytes + redis.call('MEMORY', 'USAGE', stream, 'SAMPLES', 0) end
+  end
+end
+-- tenant number -> {rate, burst, tokens} (tokens refilled to now), read once per script
+local buckets = {}
+local function bucket(number)
+  if buckets[number] then return buckets[number] end
+  local name = ARGV[8 + number]
+  local rate, burst = 0, 0
+  if quotas then
+    local own = quotas['tenants'] and quotas['tenants'][name]
+    if own then rate, burst = tonumber(own[1]), tonumber(own[2])
+    else rate, burst = tonumber(quotas['rate']), tonumber(quotas['burst']) end
+  end
+  local b = {rate = rate, burst = burst, tokens = burst}
+  if rate > 0 then
+    local state = redis.call('HMGET', KEYS[2 + number], 'tokens', 'ms')
+    if state[1] then
+      local elapsed = math.max(0, now_ms - tonumber(state[2]))
+      b.tokens = math.min(burst, tonumber(state[1]) + elapsed * rate / 1000)
+    end
+  end
+  buckets[number] = b
+  return b
+end
+local payload = 9 + tenants + 5 * calls
+local traced = payload
+for c = 1, calls do traced = traced + tonumber(ARGV[4 + tenants + 5 * c]) end
 local index = 0
+local reply, ids = {calls}, {}
 for c = 1, calls do
-  local size, remaining, deadline = tonumber(ARGV[5 + 3 * c]), ARGV[6 + 3 * c], ARGV[7 + 3 * c]
+  local at = 4 + tenants + 5 * c
+  local size, remaining, deadline = tonumber(ARGV[at]), ARGV[at + 1], ARGV[at + 2]
+  local level, tenant = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local tp = ARGV[traced + c - 1]
+  local reason, detail, limit = 0, 0, 0
+  local b = nil
   local bytes = 0
   for k = payload, payload + size - 1 do bytes = bytes + #ARGV[k] end
-  if max_queue > 0 and backlog + size > max_queue then return {c - 1, 1, backlog} end
-  if max_bytes > 0 and queued_bytes + bytes > max_bytes then return {c - 1, 2, queued_bytes} end
-  if age * 1000 > permille * tonumber(remaining) then return {c - 1, 3, age} end
-  for _ = 1, size do
-    if tp and tp ~= '' then
-      redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
-                 'd', deadline, 'p', ARGV[payload], 'tp', tp)
-    else
-      redis.call('XADD', KEYS[1], '*', 'v', version, 't', token, 'i', index, 'r', remaining,
-                 'd', deadline, 'p', ARGV[payload])
-    end
-    index = index + 1
-    payload = payload + 1
+  if level >= levels or level + 1 > streams then
+    reason, detail = 4, levels
+  elseif tenant > 0 and bucket(tenant).rate > 0 then
+    b = bucket(tenant)
+    if size > b.burst then reason, detail, limit = 5, -1, b.burst
+    elseif b.tokens < size then reason, detail, limit = 5, math.ceil((size - b.tokens) * 1000 / b.rate), b.burst end
   end
-  backlog = backlog + size
-  queued_bytes = queued_bytes + bytes
+  if reason == 0 then
+    limit = tonumber(bounds[level + 1] or 0)
+    if limit <= 0 then limit = max_queue end
+    local ahead = 0
+    for l = 1, level + 1 do ahead = ahead + backlog[l] end
+    if limit > 0 and ahead + size > limit then reason, detail = 1, ahead
+    elseif max_bytes > 0 and queued_bytes + bytes > max_bytes then reason, detail, limit = 2, queued_bytes, max_bytes
+    elseif age[level + 1] * 1000 > permille * tonumber(remaining) then reason, detail, limit = 3, age[level + 1], 0
+    else limit = 0 end
+  end
+  if reason == 0 then
+    if b then
+      b.tokens = b.tokens - size
+      redis.call('HSET', KEYS[2 + tenant], 'tokens', tostring(b.tokens), 'ms', now_ms)
+      redis.call('PEXPIRE', KEYS[2 + tenant], math.ceil(b.burst * 1000 / b.rate) + 1000)
+    end
+    local stream = KEYS[3 + tenants + level]
+    for k = 0, size - 1 do
+      if tp and tp ~= '' then
+        ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', version, 't', token, 'i', index + k, 'r', remaining,
+                                   'd', deadline, 'p', ARGV[payload + k], 'tp', tp)
+      else
+        ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', version, 't', token, 'i', index + k, 'r', remaining,
+                                   'd', deadline, 'p', ARGV[payload + k])
+      end
+    end
+    backlog[level + 1] = backlog[level + 1] + size
+    queued_bytes = queued_bytes + bytes
+  end
+  reply[#reply + 1] = reason
+  reply[#reply + 1] = detail
+  reply[#reply + 1] = limit
+  index = index + size
+  payload = payload + size
 end
-return {calls, 0, 0}
+for _, id in ipairs(ids) do reply[#reply + 1] = id end
+return reply
 """
 
 # KEYS[1] workers hash. ARGV: consumer name, JSON info, key TTL in ms.
@@ -244,48 +326,85 @@ return 1
 # The overshoot is bounded by what one call of a script writes (one batch's replies and dead
 # letters, one heartbeat, one consumer group).
 
-# KEYS[1] request stream, KEYS[2] dead-letter stream, KEYS[3..] reply lists.
-# ARGV: group, number of ids to ack, number of dead letters, dead-letter max length, dead-letter
-# max bytes; then per reply list its TTL in ms, its number of messages and the messages; then per
-# dead letter its field count followed by its fields and values; then the ids to ack and delete.
-# Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse.
+# KEYS[1] dead-letter stream, KEYS[2..1+s] the request streams (priority levels) that entries
+# are acked on, then r reply lists, then the r cancellation sets of their tokens (keys.cancelled).
+# ARGV: group, s, number of dead letters, dead-letter max length, dead-letter max bytes, then per
+# request stream the number of ids to ack on it; then per reply list its TTL in ms, its number of
+# messages and the messages; then per dead letter its field count followed by its fields and
+# values; then the ids to ack and delete, stream by stream.
+# Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse. A
+# reply list whose token was withdrawn whole while the batch ran ('*' in its cancellation set)
+# gets nothing: its caller is gone.
 FINISH = """#!lua flags=allow-oom
-local group = ARGV[1]
-local acks, letters = tonumber(ARGV[2]), tonumber(ARGV[3])
+local group, streams, letters = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local dead_len, dead_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
-local a = 6
-for k = 3, #KEYS do
+local replies = (#KEYS - 1 - streams) / 2
+local a = 6 + streams
+for k = 2 + streams, 1 + streams + replies do
   local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
-  redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
-  redis.call('PEXPIRE', KEYS[k], ttl)
+  if redis.call('SISMEMBER', KEYS[k + replies], '*') == 0 then
+    redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
+    redis.call('PEXPIRE', KEYS[k], ttl)
+  end
   a = a + 2 + n
 end
 for _ = 1, letters do
   local n = tonumber(ARGV[a])
-  redis.call('XADD', KEYS[2], '*', unpack(ARGV, a + 1, a + n))
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, a + 1, a + n))
   a = a + n + 1
 end
 if letters > 0 then
-  redis.call('XTRIM', KEYS[2], 'MAXLEN', dead_len)
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', dead_len)
   -- Oldest first until the stream fits in dead_bytes; a record's fields understate what its
   -- removal frees, so this trims at least enough. The newest record always stays.
-  local over = redis.call('MEMORY', 'USAGE', KEYS[2], 'SAMPLES', 0) - dead_bytes
+  local over = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', 0) - dead_bytes
   while over > 0 do
-    local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 2)
+    local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 2)
     if #oldest < 2 then break end
     local size = 0
     for _, v in ipairs(oldest[1][2]) do size = size + #v end
-    redis.call('XDEL', KEYS[2], oldest[1][1])
+    redis.call('XDEL', KEYS[1], oldest[1][1])
     over = over - size
   end
 end
-while acks > 0 do
-  local n = math.min(acks, 1000)
-  redis.call('XACK', KEYS[1], group, unpack(ARGV, a, a + n - 1))
-  redis.call('XDEL', KEYS[1], unpack(ARGV, a, a + n - 1))
-  a, acks = a + n, acks - n
+for s = 1, streams do
+  local acks = tonumber(ARGV[5 + s])
+  while acks > 0 do
+    local n = math.min(acks, 1000)
+    redis.call('XACK', KEYS[1 + s], group, unpack(ARGV, a, a + n - 1))
+    redis.call('XDEL', KEYS[1 + s], unpack(ARGV, a, a + n - 1))
+    a, acks = a + n, acks - n
+  end
 end
 return 1
+"""
+
+# KEYS[1] the token's cancellation set (keys.cancelled), KEYS[2] the request stream of the
+# call's priority level. ARGV: group, the set's TTL in ms, whole (1: no other call shares the
+# token, so its replies may be dropped whole), n, then n entry ids, then their n indexes.
+# Withdraws a caller's items (rstreamer.cancel): an entry not yet delivered to a worker is deleted
+# (XDEL: no worker will ever read it); one a worker holds is marked in the set, which the worker
+# checks before predict (and FINISH, with '*', before replying). One script, so an entry is
+# either deleted before any worker reads it or marked: never both, never neither.
+# Returns {entries deleted, entries marked}.
+CANCEL = """
+local group, ttl, whole, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local deleted, marked = 0, 0
+for i = 1, n do
+  local id, index = ARGV[4 + i], ARGV[4 + n + i]
+  local pending = redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
+  if type(pending) == 'table' and pending[1] then
+    redis.call('SADD', KEYS[1], index)
+    marked = marked + 1
+  else
+    deleted = deleted + redis.call('XDEL', KEYS[2], id)
+  end
+end
+if marked > 0 then
+  if whole == '1' then redis.call('SADD', KEYS[1], '*') end
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {deleted, marked}
 """
 
 # KEYS[1] request stream. ARGV: group. Creates the stream and its group if missing.
@@ -331,4 +450,71 @@ for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
   end
 end
 return 0
+"""
+
+# KEYS: the request streams of priority levels 0, 1, ... (rstreamer.levelsource.LevelSource).
+# ARGV: group, consumer, max_items, then per level its guaranteed quota (priority.DeficitScheduler).
+# One read of up to max_items entries in two passes: each level takes up to its quota, most
+# urgent first; then what is left goes to the most urgent levels that still have entries. Reads
+# with XREADGROUP '>' (new deliveries, id order: FIFO within a level). Returns per level
+# {taken in the first pass, taken in the second, 1 if a read of it came back short (it has no
+# more), newest entry id ('0-0' for none), entries {id, {field, value, ...}}...}; a blocked
+# XREAD waits for an entry newer than those ids when nothing was read (no entry is missed between
+# the two). allow-oom: reading is how a full Redis drains.
+READ_LEVELS = """#!lua flags=allow-oom
+local group, consumer, left = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local out = {}
+for l = 1, #KEYS do out[l] = {0, 0, 0, '0-0'} end
+local function take(l, count, pass)
+  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', KEYS[l], '>')
+  local entries = (reply and reply[1] and reply[1][2]) or {}
+  for _, entry in ipairs(entries) do out[l][#out[l] + 1] = entry end
+  out[l][pass] = out[l][pass] + #entries
+  if #entries < count then out[l][3] = 1 end
+  left = left - #entries
+end
+for l = 1, #KEYS do
+  local quota = math.min(tonumber(ARGV[3 + l]), left)
+  if quota > 0 then take(l, quota, 1) end
+end
+for l = 1, #KEYS do
+  if left > 0 and out[l][3] == 0 then take(l, left, 2) end
+end
+if left == tonumber(ARGV[3]) then
+  for l = 1, #KEYS do
+    local newest = redis.call('XREVRANGE', KEYS[l], '+', '-', 'COUNT', 1)
+    if newest[1] then out[l][4] = newest[1][1] end
+  end
+end
+return out
+"""
+
+# KEYS: the request streams of priority levels 0, 1, ... ARGV: group.
+# The server's time and, per level, {length, pending, ms of the oldest undelivered entry (-1 for
+# none)} in one script: one slot, one clock (the entry ids' and TIME's), so the waits it gives
+# agree with what the workers see (rstreamer status, the dashboard).
+QUEUE_DEPTHS = """
+local now = redis.call('TIME')
+local out = {now[1], now[2]}
+for l = 1, #KEYS do
+  local length, pending, oldest = 0, 0, -1
+  if redis.call('EXISTS', KEYS[l]) == 1 then
+    length = redis.call('XLEN', KEYS[l])
+    local first = '-'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[l])) do
+      local info = {}
+      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+      if info['name'] == ARGV[1] then
+        pending = info['pending']
+        first = '(' .. info['last-delivered-id']
+      end
+    end
+    if length > pending then
+      local head = redis.call('XRANGE', KEYS[l], first, '+', 'COUNT', 1)
+      if head[1] then oldest = tonumber(string.match(head[1][1], '^(%d+)')) end
+    end
+  end
+  out[#out + 1] = {length, pending, oldest}
+end
+return out
 """

@@ -33,8 +33,8 @@ import msgpack
 
 from . import codec
 from .batching import Failure, Outcome
-from .errors import DecodeError, EncodeError, FailureKind, Overloaded
-from .keys import is_answer_token
+from .errors import DecodeError, EncodeError, FailureKind, InvalidPriority, Overloaded, RateLimited
+from .keys import Keys, is_answer_token
 
 WIRE_VERSION = 2
 PREVIOUS_VERSION = 1
@@ -153,48 +153,96 @@ class QueueLimits:
     group: str
 
 
-def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence[bytes], float]],
+def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence[bytes], float, int, str | None]],
                  now: float, traceparents: Sequence[bytes] = ()) -> list[Any]:
-    """ARGV of ENQUEUE_CALLS for ``calls`` of one token, each ``(payloads, deadline)``.
+    """ARGV of ENQUEUE_CALLS for ``calls`` of one token, each ``(payloads, deadline, priority,
+    tenant)`` (tenant None: no quota).
 
     ``traceparents`` (optional, one per call, ``b""`` for none) follow the payloads; each
     call's entries then carry it in the optional field ``tp`` (rstreamer.tracing).
 
     ``deadline`` and ``now`` are on this host's wall clock; the entries carry the remaining
-    timeout, which the workers count from the entry id (Redis's clock).
+    timeout, which the workers count from the entry id (Redis's clock). ``priority`` is the
+    level whose stream the call's entries go to (KEYS: see :func:`enqueue_keys`).
     """
-    shapes: list[int] = []
+    tenants = call_tenants(calls)
+    shapes: list[Any] = []
     payloads: list[bytes] = []
-    for call_payloads, deadline in calls:
-        shapes += [len(call_payloads), max(0, int((deadline - now) * 1000)), int(deadline * 1000)]
+    for call_payloads, deadline, priority, tenant in calls:
+        number = tenants.index(tenant) + 1 if tenant is not None else 0
+        shapes += [len(call_payloads), max(0, int((deadline - now) * 1000)), int(deadline * 1000), priority, number]
         payloads += call_payloads
     return [limits.max_queue, limits.max_queue_bytes, int(ADMIT_WAIT_FRACTION * 1000), limits.group,
-            token, WIRE_VERSION, len(calls), *shapes, *payloads, *(traceparents if any(traceparents) else ())]
+            token, WIRE_VERSION, len(calls), len(tenants), *tenants, *shapes, *payloads,
+            *(traceparents if any(traceparents) else ())]
+
+
+def call_tenants(calls: Sequence[tuple[Any, ...]]) -> list[str]:
+    """The distinct tenants of ``calls`` (their last field), in order of first appearance."""
+    return list(dict.fromkeys(call[-1] for call in calls if call[-1] is not None))
+
+
+def enqueue_keys(keys: Keys, priorities: Iterable[int], tenants: Sequence[str] = ()) -> list[str]:
+    """KEYS of ENQUEUE_CALLS: the published levels and quotas, the buckets of ``tenants`` (see
+    :func:`call_tenants`), then the streams of levels 0 up to the highest of ``priorities`` (the
+    script counts the more urgent levels' backlog too)."""
+    return [keys.levels, keys.quotas, *(keys.bucket(tenant) for tenant in tenants),
+            *(keys.requests_at(level) for level in range(max(priorities, default=0) + 1))]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The ENQUEUE_CALLS script's verdict on one call: ``reason`` 0 when it was added, else why
+    not, with a detail and the limit it hit (see lua.ENQUEUE_CALLS)."""
+
+    reason: int = 0
+    detail: int = 0
+    limit: int = 0
+
+    @property
+    def added(self) -> bool:
+        """Whether the call was added to its stream."""
+        return self.reason == 0
+
+    def error(self, prefix: str, limits: QueueLimits, priority: int = 0,
+              tenant: str | None = None) -> Overloaded | InvalidPriority | RateLimited:
+        """The error of a refused call (``priority``, ``tenant``: the call's)."""
+        if self.reason == 5:
+            if self.detail < 0:
+                return RateLimited(f"tenant {tenant!r} sends a call larger than its burst of {self.limit} items "
+                                   f"on prefix {prefix!r}: split it", retry_after=0.0)
+            return RateLimited(f"tenant {tenant!r} is over its quota on prefix {prefix!r} (burst {self.limit} "
+                               f"items); retry in {self.detail / 1000:.3f}s", retry_after=self.detail / 1000)
+        if self.reason == 4:
+            return InvalidPriority(
+                f"priority {priority} is not served on prefix {prefix!r}: its workers serve levels 0-"
+                f"{self.detail - 1} (set --priorities on the workers; 0 is the most urgent)")
+        levels = f" at priorities 0-{priority}" if priority else ""
+        level = f" at priority {priority}" if priority else ""
+        why = {
+            1: f"{self.detail} items wait undelivered{levels} (max_queue={self.limit or limits.max_queue})",
+            2: f"its request streams hold {self.detail} bytes (max_queue_bytes={limits.max_queue_bytes})",
+            3: (f"the oldest waiting item{level} has waited "
+                f"{self.detail / 1000:.1f}s, so this call would not finish within its timeout"),
+        }.get(self.reason, "the queue is full")
+        return Overloaded(f"prefix {prefix!r} is overloaded: {why}")
 
 
 @dataclass(frozen=True)
 class Admission:
-    """The ENQUEUE_CALLS reply: how many calls (the first ones) were added, and why the next was not."""
+    """The ENQUEUE_CALLS reply: one verdict per call, and the ids of the entries added (in order)."""
 
-    accepted: int
-    reason: int = 0
-    detail: int = 0
+    verdicts: tuple[Verdict, ...]
+    ids: tuple[bytes, ...] = ()
 
     @classmethod
     def parse(cls, reply: Sequence[Any]) -> Admission:
-        """The ENQUEUE script's reply ``(accepted, reason, detail)``."""
-        accepted, reason, detail = (int(value) for value in reply)
-        return cls(accepted, reason, detail)
-
-    def error(self, prefix: str, limits: QueueLimits) -> Overloaded:
-        """The Overloaded error of the refused calls."""
-        why = {
-            1: f"{self.detail} items wait undelivered (max_queue={limits.max_queue})",
-            2: f"its request stream holds {self.detail} bytes (max_queue_bytes={limits.max_queue_bytes})",
-            3: (f"the oldest waiting item has waited {self.detail / 1000:.1f}s, so this call would not "
-                f"finish within its timeout"),
-        }.get(self.reason, "the queue is full")
-        return Overloaded(f"prefix {prefix!r} is overloaded: {why}")
+        """The ENQUEUE script's reply: the number of calls, a (reason, detail, limit) triple per
+        call, then the ids of the entries added."""
+        calls = int(reply[0])
+        numbers = [int(value) for value in reply[1:1 + 3 * calls]]
+        verdicts = tuple(Verdict(*numbers[3 * c:3 * c + 3]) for c in range(calls))
+        return cls(verdicts, tuple(reply[1 + 3 * calls:]))
 
 
 # replies --------------------------------------------------------------------------------

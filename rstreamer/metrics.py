@@ -29,7 +29,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .batching import BatchStats
-from .errors import BrokerUnavailable, CodecError, Overloaded, RemoteError, StreamerTimeout
+from .errors import (
+    BrokerUnavailable,
+    Cancelled,
+    CodecError,
+    Overloaded,
+    RateLimited,
+    RemoteError,
+    StreamerTimeout,
+)
 from .hooks import Entry, WorkerHooks, entry_ms, observing_wakeup
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -100,6 +108,10 @@ class WorkerMetrics(WorkerHooks):
         self._queue_wait = Histogram("rstreamer_worker_queue_wait_seconds", "Seconds each item waited in the "
                                      "stream before a worker read it (on the Redis server's clock).", ["prefix"],
                                      buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
+        self._level_wait = Histogram("rstreamer_worker_level_queue_wait_seconds", "Seconds each item waited in "
+                                     "the stream of its priority level before a worker read it; the _count is "
+                                     "the items each level got.", ["prefix", "level"], buckets=SECONDS_BUCKETS,
+                                     registry=registry)
         self._fill = Histogram("rstreamer_worker_batch_fill_ratio", "Items per batch divided by batch_size.",
                                ["prefix"], buckets=FILL_BUCKETS, registry=registry).labels(prefix)
         closed = Counter("rstreamer_worker_batches_closed", "Batches by why they closed (full, cost_budget, "
@@ -124,11 +136,13 @@ class WorkerMetrics(WorkerHooks):
         """Keep the offset of the Redis server's clock, to time queue waits on it."""
         self._offset_ms = server_ms - time.time() * 1000
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
-        """Observe the batch's queue waits and fill, and why it closed."""
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
+        """Observe the batch's queue waits (per priority level) and fill, and why it closed."""
         now_ms = time.time() * 1000 + self._offset_ms
-        for entry_id, _ in entries:
-            self._queue_wait.observe(max(0.0, now_ms - entry_ms(entry_id)) / 1000)
+        for (entry_id, _), level in zip(entries, list(levels) or [0] * len(entries), strict=True):
+            wait = max(0.0, now_ms - entry_ms(entry_id)) / 1000
+            self._queue_wait.observe(wait)
+            self._level_wait.labels(self.prefix, str(level)).observe(wait)
         self._fill.observe(len(entries) / max(1, batch_size))
         if closed in self._closed:
             self._closed[closed].inc()
@@ -159,7 +173,8 @@ class WorkerMetrics(WorkerHooks):
 
 def outcome_of(exc: BaseException) -> str:
     """The ``outcome`` label of a call that raised ``exc``."""
-    for kind, label in ((StreamerTimeout, "timeout"), (Overloaded, "overloaded"),
+    for kind, label in ((StreamerTimeout, "timeout"), (Overloaded, "overloaded"), (Cancelled, "cancelled"),
+                        (RateLimited, "rate_limited"),
                         (BrokerUnavailable, "unavailable"), (RemoteError, "model_error"), (CodecError, "invalid")):
         if isinstance(exc, kind):
             return label
@@ -170,8 +185,9 @@ class ClientMetrics:
     """Calls of a web process: a counter by prefix and outcome, items sent, latency of answered calls."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (ok, timeout, overloaded, "
-                                "unavailable, model_error, invalid, error).", ["prefix", "outcome"], registry=registry)
+        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (ok, timeout, overloaded, cancelled, "
+                                "rate_limited, unavailable, model_error, invalid, error).", ["prefix", "outcome"],
+                                registry=registry)
         self.items = Counter("rstreamer_client_items", "Items sent.", ["prefix"], registry=registry)
         self.latency = Histogram("rstreamer_client_request_seconds", "Seconds from submit to the last answer "
                                  "of calls that succeeded.", ["prefix"], buckets=SECONDS_BUCKETS, registry=registry)
@@ -244,6 +260,12 @@ class QueueCollector(Collector):
     def __init__(self, read: Callable[[], list[dict[str, Any]]]) -> None:
         self.read = read
 
+    LEVEL_GAUGES = {
+        "queue_length": ("rstreamer_queue_level_length", "Entries of one priority level waiting, not yet delivered."),
+        "oldest_wait_s": ("rstreamer_queue_level_oldest_wait_seconds", "Age of the oldest entry of one priority "
+                          "level not yet delivered (Redis server clock)."),
+    }
+
     def collect(self) -> Iterable[Metric]:
         """The current values, read when Prometheus scrapes."""
         rows = self.read()
@@ -252,6 +274,12 @@ class QueueCollector(Collector):
             for row in rows:
                 value = len(row["workers"]) if field == "live_workers" else row[field]
                 family.add_metric([row["prefix"]], float(value))
+            yield family
+        for field, (name, documentation) in self.LEVEL_GAUGES.items():
+            family = GaugeMetricFamily(name, documentation, labels=["prefix", "level"])
+            for row in rows:
+                for level in row.get("levels") or []:
+                    family.add_metric([row["prefix"], str(level["level"])], float(level[field]))
             yield family
 
 

@@ -46,11 +46,14 @@ def plan_reclaim(pending: list[PendingEntry], max_deliveries: int) -> ReclaimPla
 
 
 class Reclaimer:
-    """Redis side of reclaim for one consumer (``me``)."""
+    """Redis side of reclaim for one consumer (``me``) on the stream of one priority ``level``."""
 
-    def __init__(self, client: RedisClient, keys: Keys, me: str, dead_after: float, min_idle: float) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, me: str, dead_after: float, min_idle: float,
+                 level: int = 0) -> None:
         self._client = client
         self._keys = keys
+        self.level = level
+        self._stream = keys.requests_at(level)
         self._me = me
         self._dead_after_ms = int(dead_after * 1000)
         self._min_idle_ms = int(min_idle * 1000)
@@ -60,7 +63,7 @@ class Reclaimer:
         """``(name, pending count)`` of every consumer in the group without a live heartbeat."""
         now_ms, workers = read_workers(self._client, self._keys)
         live = live_workers(now_ms, workers, self._dead_after_ms)
-        consumers = self._client.xinfo_consumers(self._keys.requests, self._keys.group)
+        consumers = self._client.xinfo_consumers(self._stream, self._keys.group)
         dead = []
         for consumer in consumers:
             name = consumer["name"]
@@ -73,7 +76,7 @@ class Reclaimer:
     def pending_of(self, consumer: str, count: int = 1000) -> list[PendingEntry]:
         """Up to ``count`` entries delivered to ``consumer`` and not yet acked."""
         rows = cast("list[dict[str, Any]]", self._client.xpending_range(
-            self._keys.requests, self._keys.group, min="-", max="+", count=count, consumername=consumer
+            self._stream, self._keys.group, min="-", max="+", count=count, consumername=consumer
         ))  # our client does not decode replies: message_id is bytes
         return [PendingEntry(row["message_id"], int(row["times_delivered"])) for row in rows]
 
@@ -82,7 +85,7 @@ class Reclaimer:
         if not entry_ids:
             return []
         claimed: list[Any] = self._client.xclaim(
-            self._keys.requests, self._keys.group, self._me, self._min_idle_ms, [*entry_ids]
+            self._stream, self._keys.group, self._me, self._min_idle_ms, [*entry_ids]
         )
         return [(entry_id, fields) for entry_id, fields in claimed]
 
@@ -92,6 +95,6 @@ class Reclaimer:
         Re-checked and deleted in one script (lua.FORGET_CONSUMER): a stalled consumer that
         read entries since :meth:`dead_consumers` listed it keeps them.
         """
-        removed = self._forget(keys=[self._keys.requests, self._keys.workers],
+        removed = self._forget(keys=[self._stream, self._keys.workers],
                                args=[self._keys.group, consumer, self._dead_after_ms])
         return bool(removed)

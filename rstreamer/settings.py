@@ -14,6 +14,8 @@ from typing import Any, ClassVar, TypeVar
 from .batching import BatchPolicy
 from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
+from .priority import Levels
+from .quotas import Quotas
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "RSTREAMER_"
@@ -73,6 +75,37 @@ def parse_cost_model_name(text: str) -> str:
         return parse_cost_model(text.strip().lower()).value
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+
+
+def parse_rate(text: str) -> float:
+    """A rate in items per second, >= 0; its ValueError says what is wrong."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also refuses NaN
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def parse_priorities(text: str) -> str:
+    """Priority weights, level 0 first, e.g. ``8,1`` (see rstreamer.priority.Levels); its
+    ConfigError (a ValueError) says what is wrong."""
+    Levels.parse(text)
+    return text.strip()
+
+
+def parse_level_max_queue(text: str) -> str:
+    """Per-level queue bounds, e.g. ``0,5000``; whether they match the number of levels,
+    WorkerSettings checks."""
+    Levels.parse(",".join(["1"] * len(text.split(","))), text)
+    return text.strip()
+
+
+def parse_tenant_quotas(text: str) -> str:
+    """Tenants with their own quota, ``acme=100:200,bob=5:10`` (rate:burst; see rstreamer.quotas)."""
+    Quotas.parse(tenants=text)
+    return text.strip()
 
 
 def _parsed(default: _T, parse: Callable[[str], _T]) -> _T:
@@ -155,6 +188,13 @@ class WorkerSettings(EnvSettings):
     stream keeps at most this many records and about this many bytes (the newest ones).
     max_batch_cost, cost_model, cost_lookahead: cost-aware batching (0: no budget; see
     rstreamer.costing); it is on when the model defines ``cost()`` or a budget is set.
+    priorities: the weights of the priority levels, level 0 (most urgent) first, e.g. ``8,1``
+    (empty: one level); level_max_queue: per level, the undelivered items of that level and the
+    more urgent ones past which a call at that level is refused (e.g. ``0,5000``; 0 or empty:
+    the client's max_queue). See rstreamer.priority and docs/priority.md.
+    tenant_rate, tenant_burst: every tenant's quota, items/s and bucket size (0: no quota; burst
+    0: one second's worth); tenant_quotas: tenants with their own, ``acme=100:200,bob=5:10``
+    (rate:burst). See rstreamer.quotas.
     """
 
     batch_size: int = _parsed(64, parse_integer(1))
@@ -173,9 +213,16 @@ class WorkerSettings(EnvSettings):
     max_batch_cost: int = _parsed(0, parse_integer(0))
     cost_model: str = _parsed("padded", parse_cost_model_name)
     cost_lookahead: int = 4
+    priorities: str = _parsed("", parse_priorities)
+    level_max_queue: str = _parsed("", parse_level_max_queue)
+    tenant_rate: float = _parsed(0.0, parse_rate)
+    tenant_burst: int = _parsed(0, parse_integer(0))
+    tenant_quotas: str = _parsed("", parse_tenant_quotas)
 
     def __post_init__(self) -> None:
         self.cost_budget()  # validates the cost settings
+        self.levels()  # validates the priority levels
+        self.quotas()  # validates the tenant quotas
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _positive("max_latency", self.max_latency, allow_zero=True)
@@ -194,6 +241,14 @@ class WorkerSettings(EnvSettings):
     def batch_policy(self, adaptive: bool = True) -> BatchPolicy:
         """The batch policy of a worker with these settings (the one place it is derived)."""
         return BatchPolicy(self.batch_size, self.max_latency, adaptive, cost=self.cost_budget())
+
+    def quotas(self) -> Quotas:
+        """The per-tenant quotas these settings describe."""
+        return Quotas.parse(self.tenant_rate, self.tenant_burst, self.tenant_quotas)
+
+    def levels(self) -> Levels:
+        """The priority levels these settings describe."""
+        return Levels.parse(self.priorities, self.level_max_queue)
 
     def cost_budget(self) -> CostBudget:
         """The cost side of the batch policy these settings describe."""

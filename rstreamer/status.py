@@ -17,16 +17,36 @@ from typing import Any, cast
 
 import redis
 
+from . import lua
 from .connection import RedisClient, StreamRows, is_nogroup
 from .keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
+from .levelsource import published_levels
 from .liveness import live_workers, read_workers
+from .priority import Levels
 
 _WORKER_COUNTERS = ("batches", "items", "errors", "expired", "reclaimed", "dead_lettered")
 
 
 @dataclass(frozen=True)
+class LevelDepth:
+    """One priority level's stream at one instant: its entries, those delivered and not yet
+    acked, and when (server ms) its oldest undelivered entry was added (None: none waits)."""
+
+    level: int
+    weight: int
+    stream_length: int
+    pending: int
+    oldest_ms: int | None
+
+    @property
+    def queue_length(self) -> int:
+        """Entries of the level not yet delivered."""
+        return max(0, self.stream_length - self.pending)
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """The raw state of one prefix at one instant (server time, ms)."""
+    """The raw state of one prefix at one instant (server time, ms); totals over its levels."""
 
     prefix: str
     now_ms: int
@@ -35,6 +55,7 @@ class Snapshot:
     pending_by_consumer: dict[str, int]
     dead_letters: int
     workers: dict[str, dict[str, Any]]
+    levels: tuple[LevelDepth, ...] = ()
 
     @property
     def queue_length(self) -> int:
@@ -43,30 +64,59 @@ class Snapshot:
 
 
 def take_snapshots(client: RedisClient, prefixes: list[str]) -> list[Snapshot]:
-    """The workers of each prefix (with its server's clock), then one pipelined read of the queues."""
+    """The workers of each prefix (with its server's clock), its levels, their depths, then one
+    pipelined read of the pending lists and dead letters."""
     # read_workers is a script, which a Redis Cluster pipeline cannot carry: one call per prefix.
     heartbeats = [read_workers(client, Keys(prefix)) for prefix in prefixes]
+    levels = [published_levels(client, Keys(prefix)) for prefix in prefixes]
+    depths = [_depths(client, Keys(prefix), level_set) for prefix, level_set in zip(prefixes, levels, strict=True)]
     pipe = client.pipeline(transaction=False)
-    for prefix in prefixes:
+    for prefix, level_set in zip(prefixes, levels, strict=True):
         keys = Keys(prefix)
-        pipe.xlen(keys.requests)
-        pipe.xpending(keys.requests, keys.group)
+        for level in range(level_set.count):
+            pipe.xpending(keys.requests_at(level), keys.group)
         pipe.xlen(keys.dead)
     replies = pipe.execute(raise_on_error=False)
-    return [_snapshot(prefix, heartbeats[i], replies[3 * i:3 * i + 3]) for i, prefix in enumerate(prefixes)]
+    snapshots, at = [], 0
+    for prefix, beats, level_depths in zip(prefixes, heartbeats, depths, strict=True):
+        count = len(level_depths) + 1
+        snapshots.append(_snapshot(prefix, beats, level_depths, replies[at:at + count]))
+        at += count
+    return snapshots
 
 
-def _snapshot(prefix: str, heartbeats: tuple[int, dict[str, dict[str, Any]]], replies: list[Any]) -> Snapshot:
-    length, pending, dead = replies
-    if is_nogroup(pending):
-        pending = {"pending": 0, "consumers": []}  # no stream or no group yet: nothing delivered
-    for reply in (length, pending, dead):
-        if isinstance(reply, Exception):
-            raise reply
+def _depths(client: RedisClient, keys: Keys, levels: Levels) -> tuple[LevelDepth, ...]:
+    script = client.register_script(lua.QUEUE_DEPTHS)
+    reply = script(keys=[keys.requests_at(level) for level in range(levels.count)], args=[keys.group])
+    rows = zip(levels.weights, reply[2:], strict=True)
+    return tuple(LevelDepth(level, weight, int(length), int(pending), None if int(oldest) < 0 else int(oldest))
+                 for level, (weight, (length, pending, oldest)) in enumerate(rows))
+
+
+def _snapshot(prefix: str, heartbeats: tuple[int, dict[str, dict[str, Any]]], levels: tuple[LevelDepth, ...],
+              replies: list[Any]) -> Snapshot:
+    *pendings, dead = replies
+    by_consumer: dict[str, int] = {}
+    for pending in pendings:
+        if is_nogroup(pending):
+            continue  # no stream or no group yet: nothing delivered
+        if isinstance(pending, Exception):
+            raise pending
+        for consumer in pending.get("consumers") or []:
+            name = _text(consumer["name"])
+            by_consumer[name] = by_consumer.get(name, 0) + int(consumer["pending"])
+    if isinstance(dead, Exception):
+        raise dead
     now_ms, workers = heartbeats
-    by_consumer = {_text(c["name"]): int(c["pending"]) for c in pending.get("consumers") or []}
-    return Snapshot(Keys(prefix).prefix, now_ms, int(length), int(pending["pending"]), by_consumer,
-                    int(dead), workers)
+    return Snapshot(Keys(prefix).prefix, now_ms, sum(d.stream_length for d in levels), sum(d.pending for d in levels),
+                    by_consumer, int(dead), workers, levels)
+
+
+def level_rows(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """One object per priority level: weight, depth and the wait of its oldest undelivered entry (s)."""
+    return [{"level": d.level, "weight": d.weight, "queue_length": d.queue_length, "pending": d.pending,
+             "oldest_wait_s": round(max(0, snapshot.now_ms - d.oldest_ms) / 1000, 3) if d.oldest_ms else 0.0}
+            for d in snapshot.levels]
 
 
 def _text(value: Any) -> str:
@@ -121,6 +171,7 @@ def prefix_status(
         "queue_length": last.queue_length,
         "pending": last.pending,
         "dead_letters": last.dead_letters,
+        "levels": level_rows(last),
         "workers": worker_rows(last, dead_after),
         "throughput": throughput(first, last, dead_after) if interval > 0 else None,
     }
@@ -161,6 +212,11 @@ def format_prefix_status(status: dict[str, Any]) -> str:
         f"pending       {status['pending']}  (delivered to a worker, not yet acked)",
         f"dead letters  {status['dead_letters']}",
     ]
+    levels = status.get("levels") or []
+    if len(levels) > 1:
+        lines.append("levels        " + "; ".join(
+            f"{row['level']} (weight {row['weight']}): {row['queue_length']} waiting, {row['pending']} pending, "
+            f"oldest {row['oldest_wait_s']:.3f}s" for row in levels))
     rate = status.get("throughput")
     if rate:
         lines.append(f"throughput    {rate['items_per_s']:.1f} items/s, {rate['batches_per_s']:.1f} batches/s "

@@ -104,7 +104,7 @@ class WorkerTracer(WorkerHooks):
         """Keep the offset of the Redis server's clock, to date the queue-wait spans on it."""
         self._offset_ms = server_ms - time.time() * 1000
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int) -> None:
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
         """One queue-wait span per traced entry, and a batch span linked to their callers' spans."""
         now_ns = time.time_ns()
         parents = []

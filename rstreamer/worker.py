@@ -19,6 +19,7 @@ import redis
 from . import lua
 from .batching import Batcher, BatchObserver, BatchStats, Failure, Outcome, answer_batch
 from .beater import Beater
+from .cancel import cancelled_items
 from .clock import ServerClock
 from .connection import RedisClient, create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
 from .costing import OomGuard, oom_error_types, safe_cost
@@ -26,6 +27,7 @@ from .errors import FailureKind
 from .hooks import WorkerHooks
 from .job_sink import JobSink
 from .keys import Keys
+from .levelsource import LevelSource, SingleLevel, ensure_groups, publish_levels, publish_quotas
 from .liveness import Heartbeat, live_workers, read_workers
 from .messages import (
     WIRE_VERSION,
@@ -68,6 +70,7 @@ class DeadLetter:
     fields: dict[bytes, bytes] | None
     reason: str
     deliveries: int = 1  # times it was read; `rstreamer dead list` shows it
+    level: int = 0
 
 
 @dataclass
@@ -76,6 +79,7 @@ class WorkerStats(BatchStats):
 
     reclaimed: int = 0
     dead_lettered: int = 0
+    cancelled: int = 0  # items their callers withdrew after this worker read them, not run
 
 
 class StreamSource:
@@ -138,12 +142,14 @@ def _field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
 
 @dataclass(frozen=True)
 class Parsed:
-    """A stream entry as read, and what it decoded to: a Request, or why it is malformed."""
+    """A stream entry as read, and what it decoded to: a Request, or why it is malformed;
+    ``level``: the priority level (stream) it was read from."""
 
     entry_id: bytes
     fields: dict[bytes, bytes] | None
     request: Request | None = None
     error: MalformedEntry | None = None
+    level: int = 0
 
     @property
     def entry(self) -> Entry:
@@ -155,13 +161,13 @@ class ParsedSource:
     """The worker's ItemSource: entries decoded as they are read, so that a cost-aware batch
     knows each item's cost (``ManagedModel.cost`` takes the decoded input)."""
 
-    def __init__(self, source: StreamSource, parse: Callable[[Entry], Parsed]) -> None:
+    def __init__(self, source: SingleLevel | LevelSource, parse: Callable[[Entry, int], Parsed]) -> None:
         self._source = source
         self._parse = parse
 
     def fetch(self, max_items: int, timeout: float) -> list[Parsed]:
-        """The next entries of the stream, each decoded."""
-        return [self._parse(entry) for entry in self._source.fetch(max_items, timeout)]
+        """The next entries of the streams, each decoded with the level it was read from."""
+        return [self._parse(entry, level) for level, entry in self._source.fetch(max_items, timeout)]
 
 
 class RedisWorker:
@@ -204,13 +210,17 @@ class RedisWorker:
         # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
         longest_block = max(self.settings.idle_block, self.settings.max_latency)
         self._redis = create_redis(self.url, socket_timeout=longest_block + 5.0)
-        self._source = StreamSource(self._redis, self.keys, self.name)
+        self.levels = self.settings.levels()
+        self.quotas = self.settings.quotas()
+        self._source: SingleLevel | LevelSource = (
+            SingleLevel(StreamSource(self._redis, self.keys, self.name)) if self.levels.count == 1
+            else LevelSource(self._redis, self.keys, self.name, self.levels))
         self._parsed = ParsedSource(self._source, self._parse)
-        self._reclaimer = Reclaimer(
-            self._redis, self.keys, self.name, self.settings.dead_after, self.settings.heartbeat_interval
-        )
+        self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
+                                      self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
         self._finish_script = self._redis.register_script(lua.FINISH)
-        self._jobs = JobSink(self._redis, self.keys)  # items of durable jobs (rstreamer.jobs)
+        # Items of durable jobs (rstreamer.jobs); they ride the least urgent level by default.
+        self._jobs = JobSink(self._redis, self.keys, least_urgent=self.levels.count - 1)
         self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
         heartbeat_ttl = self.settings.dead_after * 10
         self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
@@ -278,7 +288,8 @@ class RedisWorker:
         delay = 0.5
         while not self._stopping.is_set():
             try:
-                ensure_group(self._redis, self.keys)
+                ensure_groups(self._redis, self.keys, self.levels.count)
+                self._publish()
                 self._heartbeat.beat()
                 return True
             except redis.RedisError as exc:
@@ -313,9 +324,10 @@ class RedisWorker:
         self._webhooks.stop()
         self._beater.stop()
         try:
-            pending = self._redis.xpending_range(self.keys.requests, self.keys.group, "-", "+", 1, self.name)
-            if not pending:
-                self._redis.xgroup_delconsumer(self.keys.requests, self.keys.group, self.name)
+            for level in range(self.levels.count):
+                stream = self.keys.requests_at(level)
+                if not self._redis.xpending_range(stream, self.keys.group, "-", "+", 1, self.name):
+                    self._redis.xgroup_delconsumer(stream, self.keys.group, self.name)
         except redis.RedisError as exc:
             logger.warning("worker %s: could not deregister: %s", self.name, exc)
         self._redis.close()
@@ -341,7 +353,8 @@ class RedisWorker:
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
 
     def _run(self, batch: list[Parsed], costs: list[int]) -> None:
-        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size)
+        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
+                                 [parsed.level for parsed in batch])
         self._process(batch, costs)
         self.hooks.batch_done()
 
@@ -362,8 +375,14 @@ class RedisWorker:
         sent = time.monotonic()
         now_ms, workers = read_workers(self._redis, self.keys)
         self._clock.observe(now_ms, sent, time.monotonic())
+        self._publish()  # refreshes their TTL
         self.hooks.server_time(now_ms)
         self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
+
+    def _publish(self) -> None:
+        """Tell clients the priority levels and tenant quotas this worker serves."""
+        publish_levels(self._redis, self.keys, self.levels)
+        publish_quotas(self._redis, self.keys, self.quotas)
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
@@ -372,13 +391,13 @@ class RedisWorker:
         self._batcher.drop_held()
         self._stopping.wait(1.0)
 
-    def _parse(self, entry: Entry) -> Parsed:
+    def _parse(self, entry: Entry, level: int = 0) -> Parsed:
         entry_id, fields = entry
         try:
             request = parse_request(entry_id, fields, self.settings.max_item_bytes, self._clock.wall_to_server())
         except MalformedEntry as exc:
-            return Parsed(entry_id, fields, error=exc)
-        return Parsed(entry_id, fields, request)
+            return Parsed(entry_id, fields, error=exc, level=level)
+        return Parsed(entry_id, fields, request, level=level)
 
     def _process(self, batch: list[Parsed], costs: list[int] | None = None) -> None:
         self._beater.tick()
@@ -386,33 +405,37 @@ class RedisWorker:
         request_costs: list[int] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
+        withdrawn = cancelled_items(self._redis, self.keys,
+                                    [(p.request.token, p.request.index) for p in batch if p.request is not None])
         for parsed, cost in zip(batch, costs or [1] * len(batch), strict=True):
-            if parsed.request is not None:
+            if parsed.request is not None and (parsed.request.token, parsed.request.index) not in withdrawn:
                 requests.append(parsed.request)
                 request_costs.append(cost)
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
+        self.stats.cancelled += len(withdrawn)
         requests, request_costs = self._jobs.admit(requests, request_costs)
         ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
                            hint=self._hint, oom=self._batcher.oom, costs=request_costs)
         self._beater.tick()
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
-        self._finish(answers, dead, [parsed.entry_id for parsed in batch])
+        self._finish(answers, dead, [(parsed.level, parsed.entry_id) for parsed in batch])
 
     def _malformed(self, parsed: Parsed, dead: list[DeadLetter]) -> list[Answer]:
         """Dead-letter a malformed entry; the answer to its caller when it named one."""
         exc = parsed.error
         assert exc is not None
         logger.warning("worker %s: malformed entry %s dead-lettered: %s", self.name, parsed.entry_id.decode(), exc)
-        dead.append(DeadLetter(parsed.entry_id, parsed.fields, f"malformed: {exc}"))
+        dead.append(DeadLetter(parsed.entry_id, parsed.fields, f"malformed: {exc}", level=parsed.level))
         if not exc.token:
             return []
         return [Answer(exc.token, exc.index, _dead("DecodeError", str(exc)), exc.version)]
 
-    def _finish(self, answers: list[Answer], dead: list[DeadLetter], ack_ids: list[bytes]) -> None:
+    def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]]) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
-        (lua.FINISH): no reply without its ack, and a full Redis still drains. Answers to job
-        items are recorded in their jobs first (see rstreamer.job_sink)."""
+        (lua.FINISH): no reply without its ack, and a full Redis still drains. ``acks``: the
+        ``(level, entry id)`` of every entry answered. Answers to job items are recorded in
+        their jobs first (see rstreamer.job_sink)."""
         answers = self._jobs.record(answers)
         by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
@@ -428,11 +451,16 @@ class RedisWorker:
         for letter in dead:
             record = self._dead_record(letter)
             letters += [len(record), *record]
+        by_level: dict[int, list[bytes]] = defaultdict(list)
+        for level, entry_id in acks:
+            by_level[level].append(entry_id)
         settings = self.settings
         self._finish_script(
-            keys=[self.keys.requests, self.keys.dead, *by_reply],
-            args=[self.keys.group, len(ack_ids), len(dead), settings.dead_max_len, settings.dead_max_bytes,
-                  *replies, *letters, *ack_ids],
+            keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level), *by_reply,
+                  *(self.keys.cancelled(rows[0].token) for rows in by_reply.values())],
+            args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
+                  *(len(ids) for ids in by_level.values()), *replies, *letters,
+                  *(entry_id for ids in by_level.values() for entry_id in ids)],
         )
         self.stats.dead_lettered += len(dead)
 
@@ -441,6 +469,8 @@ class RedisWorker:
         replaced by their size."""
         record = {b"entry": letter.entry_id, b"reason": letter.reason.encode(), b"worker": self.name.encode(),
                   b"deliveries": str(letter.deliveries).encode()}
+        if letter.level:
+            record[b"level"] = str(letter.level).encode()  # replayed onto its own level
         for name, value in (letter.fields or {}).items():
             if len(value) > self.settings.dead_max_bytes // 2:
                 record[b"dropped_" + name] = str(len(value)).encode()
@@ -451,47 +481,49 @@ class RedisWorker:
     # reclaim ---------------------------------------------------------------------------
 
     def _reclaim(self) -> None:
-        try:
-            dead = self._reclaimer.dead_consumers()
-        except redis.ResponseError as exc:
-            if is_nogroup(exc):
-                ensure_group(self._redis, self.keys)
-                return
-            raise
-        for consumer, pending in dead:
-            if pending:
-                self._take_over(consumer)
-            elif self._reclaimer.forget(consumer):
-                logger.info("worker %s: removed dead consumer %s", self.name, consumer)
+        for level, reclaimer in enumerate(self._reclaimers):
+            try:
+                dead = reclaimer.dead_consumers()
+            except redis.ResponseError as exc:
+                if is_nogroup(exc):
+                    ensure_group(self._redis, self.keys, level)
+                    continue
+                raise
+            for consumer, pending in dead:
+                if pending:
+                    self._take_over(reclaimer, consumer)
+                elif reclaimer.forget(consumer):
+                    logger.info("worker %s: removed dead consumer %s of level %d", self.name, consumer, level)
 
-    def _take_over(self, consumer: str) -> None:
-        plan = plan_reclaim(self._reclaimer.pending_of(consumer), self.settings.max_deliveries)
-        logger.warning("worker %s: reclaiming %d entries of dead consumer %s",
-                       self.name, len(plan.batch) + len(plan.single) + len(plan.dead), consumer)
+    def _take_over(self, reclaimer: Reclaimer, consumer: str) -> None:
+        level = reclaimer.level
+        plan = plan_reclaim(reclaimer.pending_of(consumer), self.settings.max_deliveries)
+        logger.warning("worker %s: reclaiming %d entries of level %d of dead consumer %s",
+                       self.name, len(plan.batch) + len(plan.single) + len(plan.dead), level, consumer)
         if plan.dead:
-            claimed = self._reclaimer.claim([e.entry_id for e in plan.dead])
-            self._dead_letter_claimed(claimed, {e.entry_id: e.deliveries for e in plan.dead})
+            claimed = reclaimer.claim([e.entry_id for e in plan.dead])
+            self._dead_letter_claimed(level, claimed, {e.entry_id: e.deliveries for e in plan.dead})
         # Claimed one batch at a time, at most our batch size: what we have not claimed yet
         # stays with the dead consumer, for an idle peer to claim meanwhile.
         size = self.policy.batch_size
         chunks = [plan.batch[i:i + size] for i in range(0, len(plan.batch), size)] + [[e] for e in plan.single]
         for chunk in chunks:
-            claimed = self._reclaimer.claim(chunk)
+            claimed = reclaimer.claim(chunk)
             self.stats.reclaimed += len(claimed)
             if claimed:
-                parsed = [self._parse(entry) for entry in claimed]
+                parsed = [self._parse(entry, level) for entry in claimed]
                 self._process(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
 
-    def _dead_letter_claimed(self, claimed: list[Entry], deliveries: dict[bytes, int]) -> None:
+    def _dead_letter_claimed(self, level: int, claimed: list[Entry], deliveries: dict[bytes, int]) -> None:
         answers, dead = [], []
         for entry_id, fields in claimed:
             reason = (f"delivered {deliveries.get(entry_id, 0)} times without an answer "
                       f"(max_deliveries={self.settings.max_deliveries})")
-            dead.append(DeadLetter(entry_id, fields, reason, deliveries.get(entry_id, 0)))
+            dead.append(DeadLetter(entry_id, fields, reason, deliveries=deliveries.get(entry_id, 0), level=level))
             address = reply_address(fields)
             if address:
                 answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
-        self._finish(answers, dead, [entry_id for entry_id, _ in claimed])
+        self._finish(answers, dead, [(level, entry_id) for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
 
 

@@ -171,10 +171,10 @@ def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_wor
         body = req.get_data(cache=False)
     except RequestEntityTooLarge:
         raise protocol.too_large(config.max_body) from None
-    inputs = protocol.parse_inputs(req.content_type, body)
+    call = protocol.parse_call(req.content_type, body, req.headers)
     check_workers()
-    with metrics.calls().track(config.prefix, len(inputs)):
-        outputs = streamer.predict(inputs)
+    with metrics.calls().track(config.prefix, len(call.inputs)):
+        outputs = streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
     return protocol.outputs_body(outputs)
 
 

@@ -8,9 +8,10 @@ loop only parses requests and awaits answers; it never runs the model.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import redis
 from starlette.applications import Starlette
@@ -19,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rstreamer import AsyncRedisStreamer, lua
+from rstreamer import AsyncRedisStreamer, Cancelled, lua
 from rstreamer.connection import create_async_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import parse_read_workers
@@ -27,6 +28,8 @@ from rstreamer.liveness import parse_read_workers
 from . import jobs, metrics, protocol
 from .config import WebConfig
 from .gate import WorkerGate
+
+T = TypeVar("T")
 
 
 def create_app(config: WebConfig | None = None) -> Starlette:
@@ -80,10 +83,11 @@ def create_app(config: WebConfig | None = None) -> Starlette:
 
 async def _predict(request: Request, config: WebConfig) -> bytes:
     body = await _read_body(request, config.max_body)
-    inputs = protocol.parse_inputs(request.headers.get("content-type"), body)
+    call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
     await _check_workers(request.app.state, Keys(config.prefix))
-    with metrics.calls().track(config.prefix, len(inputs)):
-        outputs = await request.app.state.streamer.predict(inputs)
+    with metrics.calls().track(config.prefix, len(call.inputs)):
+        predict = request.app.state.streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
+        outputs = await _unless_disconnected(request, predict)
     return protocol.outputs_body(outputs)
 
 
@@ -133,6 +137,28 @@ async def _cancel_job(request: Request) -> Response:
         await job.cancel()
         return 200, jobs.status_body(await job.info(), None, 0, 0), {}
     return await _job_answer("/jobs/<id>", cancel)
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """``work``'s result; if the client disconnects first, ``work`` is cancelled, which withdraws
+    the call's items (rstreamer.cancel): no model time for a caller that is gone."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        gone.cancel()
+    if task.cancelled():
+        raise Cancelled("the client disconnected before the answer")
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Return once the client has disconnected (the body is read: the next ASGI message says so)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

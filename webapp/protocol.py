@@ -8,19 +8,25 @@ from __future__ import annotations
 import http
 import json
 import logging
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import redis
 
-from rstreamer.errors import BrokerUnavailable, RemoteError, RStreamerError
+from rstreamer.errors import BrokerUnavailable, ConfigError, RateLimited, RemoteError, RStreamerError
 from rstreamer.liveness import live_workers
+from rstreamer.priority import MAX_LEVELS
+from rstreamer.quotas import check_tenant
 
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 FORM_FIELD = "s"
+PRIORITY_HEADER = "X-Priority"
+TENANT_HEADER = "X-Tenant"
 # Seconds a client should wait before retrying a 503: long enough for a queue to drain a batch.
 RETRY_AFTER = "1"
 # /readyz must answer fast when Redis is away, so its client neither waits long nor retries.
@@ -51,11 +57,70 @@ def too_large(limit: int) -> HTTPError:
     return HTTPError(413, "PayloadTooLarge", f"request body over the limit of {limit} bytes")
 
 
+class RequestHeaders(Protocol):
+    """The headers of a request, as Flask's and Starlette's requests both give them (case-insensitive)."""
+
+    def get(self, key: str, /) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """What a ``/predict`` request asks for: its inputs and how to queue them."""
+
+    inputs: list[Any]
+    priority: int = 0
+    tenant: str | None = None
+
+
+def parse_call(content_type: str | None, body: bytes, headers: RequestHeaders) -> CallRequest:
+    """The call a ``/predict`` request makes: inputs as :func:`parse_inputs` reads them; the
+    priority level from ``"priority"`` in a JSON body or the ``X-Priority`` header (0, the most
+    urgent, by default; both given must agree); the tenant whose quota it takes from ``X-Tenant``
+    (none: no quota)."""
+    document = _json_document(body) if _is_json(content_type) else {}
+    inputs = _inputs_of(document) if _is_json(content_type) else parse_inputs(content_type, body)
+    priority = _priority(document.get("priority"), headers.get(PRIORITY_HEADER))
+    return CallRequest(inputs, priority, _tenant(headers.get(TENANT_HEADER)))
+
+
+def _tenant(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_tenant(value.strip())
+    except ConfigError as exc:
+        raise bad_request(f"{TENANT_HEADER}: {exc}") from None
+
+
+def _priority(in_body: Any, in_header: str | None) -> int:
+    values = []
+    if in_body is not None:
+        if not isinstance(in_body, int) or isinstance(in_body, bool):
+            raise bad_request(f'"priority" must be an integer, got {in_body!r}')
+        values.append(in_body)
+    if in_header is not None:
+        try:
+            values.append(int(in_header.strip()))
+        except ValueError:
+            raise bad_request(f"{PRIORITY_HEADER} must be an integer, got {in_header!r}") from None
+    if len(set(values)) > 1:
+        raise bad_request(f'"priority" {values[0]} and {PRIORITY_HEADER} {values[1]} disagree')
+    priority = values[0] if values else 0
+    if not 0 <= priority < MAX_LEVELS:
+        raise bad_request(f"priority must be from 0 (most urgent) to {MAX_LEVELS - 1}, got {priority}")
+    return priority
+
+
+def _is_json(content_type: str | None) -> bool:
+    mimetype = (content_type or "").split(";", 1)[0].strip().lower()
+    return mimetype == JSON or mimetype.endswith("+json")
+
+
 def parse_inputs(content_type: str | None, body: bytes) -> list[Any]:
     """The inputs of a ``/predict`` body: JSON ``{"inputs": [...]}`` or form fields ``s=...``."""
     mimetype = (content_type or "").split(";", 1)[0].strip().lower()
-    if mimetype == JSON or mimetype.endswith("+json"):
-        return _json_inputs(body)
+    if _is_json(content_type):
+        return _inputs_of(_json_document(body))
     if _looks_like_json(body):
         # curl -d '{"inputs": ...}' sends a form type, and a bare client none: say what to change.
         raise bad_request(f"the body looks like JSON but its Content-Type is {mimetype or 'missing'}: "
@@ -69,7 +134,7 @@ def _looks_like_json(body: bytes) -> bool:
     return body.lstrip()[:1] in (b"{", b"[")
 
 
-def _json_inputs(body: bytes) -> list[Any]:
+def _json_document(body: bytes) -> dict[str, Any]:
     try:
         document = json.loads(body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
@@ -78,6 +143,10 @@ def _json_inputs(body: bytes) -> list[Any]:
         raise bad_request("body is JSON nested too deeply (arrays or objects thousands of levels deep)") from None
     if not isinstance(document, dict) or "inputs" not in document:
         raise bad_request('expected a JSON object {"inputs": [...]}')
+    return document
+
+
+def _inputs_of(document: dict[str, Any]) -> list[Any]:
     inputs = document["inputs"]
     if not isinstance(inputs, list):
         raise bad_request(f'"inputs" must be a list, got {type(inputs).__name__}')
@@ -117,6 +186,8 @@ def error_reply(exc: BaseException) -> tuple[int, bytes, Headers]:
     """Status, JSON body ``{"error": {"type", "message"}}`` and headers answering ``exc``."""
     status, error_type, message = _describe(exc)
     headers = {"Retry-After": RETRY_AFTER} if status == 503 else {}
+    if isinstance(exc, RateLimited):  # whole seconds (RFC 9110), never 0: "now" would only be refused again
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
     return status, dumps({"error": {"type": error_type, "message": message}}), headers
 
 

@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from rstreamer import AsyncRedisStreamer, RedisStreamer
+from rstreamer import AsyncRedisStreamer, InvalidPriority, RedisStreamer
 from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
 from support import procs
@@ -188,3 +188,26 @@ def test_prefixes_spread_over_shards_and_each_stays_on_one_slot(cluster, client,
         finally:
             node.close()
         assert {keys.requests, keys.workers} <= on_node, f"{prefix} is not on its master {port}"
+
+
+def test_priority_levels_live_on_their_prefix_s_slot_and_are_reclaimed(cluster, client, prefix, cluster_workers):
+    keys = Keys(prefix)
+    levels = {"priorities": "4,1"}
+    assert {client.keyslot(k) for k in (keys.requests_at(1), keys.requests_at(2), keys.levels)} == {
+        client.keyslot(keys.requests)}
+    victim = cluster_workers.start(prefix, init_kwargs={"delay": 60}, settings=levels)
+    with RedisStreamer(cluster.url, prefix, timeout=40) as streamer:
+        with pytest.raises(InvalidPriority):
+            streamer.predict([1], priority=2)
+        future = streamer.submit([1, 2, 3], priority=1)
+        wait_until(lambda: client.xpending(keys.requests_at(1), keys.group)["pending"] == 3, timeout=10,
+                   what="the victim to hold the level-1 items")
+        os.killpg(victim.pid, signal.SIGKILL)
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+        cluster_workers.start(prefix, settings=levels)
+        assert future.result(timeout=30) == [2, 4, 6]
+        assert streamer.predict([4]) == [8] and streamer.predict([5], priority=1) == [10]
+    wait_until(lambda: client.xpending(keys.requests_at(1), keys.group)["pending"] == 0, timeout=10,
+               what="the reclaimed level-1 entries to be acked")
+    levels_row = json.loads(run_status(cluster.url, "--prefix", prefix, "--interval", "0"))["levels"]
+    assert [(row["level"], row["weight"]) for row in levels_row] == [(0, 4), (1, 1)]

@@ -97,8 +97,9 @@ def test_backlog_after_failed_replies_runs_each_entry_once_per_batch_and_is_no_n
         redis_client, redis_url, prefix, workers, tmp_path):
     keys = Keys(prefix)
     user, password = f"w{prefix[-10:]}", "pw"
-    own_keys = [f"~{key}" for key in (keys.requests, keys.workers, keys.dead)]
-    # The worker may use its stream and heartbeats but not write replies: every reply fails.
+    cancellations = keys.cancelled("c:0").rsplit(":", 2)[0] + ":*"
+    own_keys = [f"~{key}" for key in (keys.requests, keys.workers, keys.dead, cancellations)]
+    # The worker may use its stream, heartbeats and cancellations but not write replies: every reply fails.
     redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"], commands=["+@all"],
                              keys=own_keys, reset_keys=True)
     url = redis_url.replace("redis://", f"redis://{user}:{password}@")

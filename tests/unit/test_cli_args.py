@@ -32,13 +32,15 @@ def test_every_option_from_the_environment():
            "RSTREAMER_INIT_ARGS": "[1]", "RSTREAMER_INIT_KWARGS": '{"a": 2}', "RSTREAMER_METRICS_PORT": "9000",
            "RSTREAMER_LOG_LEVEL": "debug", "RSTREAMER_LOG_INTERVAL": "5", "RSTREAMER_MAX_RESTARTS": "0",
            "RSTREAMER_MAX_BATCH_COST": "4096", "RSTREAMER_COST_MODEL": "SUM", "RSTREAMER_MODEL": "m:C",
-           "RSTREAMER_WAIT_FOR_REDIS": "30"}
+           "RSTREAMER_WAIT_FOR_REDIS": "30", "RSTREAMER_PRIORITIES": "8,1", "RSTREAMER_LEVEL_MAX_QUEUE": "0,500",
+           "RSTREAMER_TENANT_RATE": "50", "RSTREAMER_TENANT_BURST": "100", "RSTREAMER_TENANT_QUOTAS": "acme=500:1000"}
     args = parse([], env)
     assert vars(args) == {"redis": "redis://r:1/2", "prefix": "envp", "gpus": [0, 1], "workers_per_gpu": 2,
                           "batch_size": 8, "max_latency": 0.5, "init_args": [1], "init_kwargs": {"a": 2},
                           "metrics_port": 9000, "log_level": "DEBUG", "log_interval": 5.0, "max_restarts": 0,
                           "max_batch_cost": 4096, "cost_model": "sum", "model": "m:C", "check": False,
-                          "wait_for_redis": 30.0}
+                          "wait_for_redis": 30.0, "priorities": "8,1", "level_max_queue": "0,500",
+                          "tenant_rate": 50.0, "tenant_burst": 100, "tenant_quotas": "acme=500:1000"}
     assert set(env) == set(cli.WORKER_ENV.values())
 
 
@@ -69,6 +71,10 @@ def test_a_bad_environment_value_is_ignored_when_the_command_line_sets_it():
     (["--init-kwargs", "[1", *BASE], "not valid JSON"),
     (["--metrics-port", "70000", *BASE], "between 1 and 65535"),
     (["--log-level", "LOUD", *BASE], "unknown log level"),
+    (["--priorities", "8,0", *BASE], "every weight must be an integer >= 1"),
+    (["--level-max-queue", "10,x", *BASE], "comma-separated list of integers"),
+    (["--tenant-quotas", "acme=fast", *BASE], "expected name=rate:burst"),
+    (["--tenant-quotas", "a b=1:2", *BASE], "invalid tenant"),
 ])
 def test_invalid_arguments_exit_2_with_a_message(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -84,9 +90,13 @@ def test_build_worker_spec():
     assert (spec.redis_url, spec.prefix, spec.model, spec.settings.batch_size) == (
         "redis://127.0.0.1:7000/0", "p", "support.models:Doubler", 4)
     assert (spec.init_args, spec.init_kwargs, spec.metrics_port, spec.log_level) == (None, {"delay": 0.1}, 9100, "INFO")
+    args = parse(["--priorities", "8,2,1", "--level-max-queue", "0,0,99", *BASE])
+    levels = cli.build_worker_spec(args).settings.levels()
+    assert (levels.weights, levels.max_queue) == ((8, 2, 1), (0, 0, 99))
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["--priorities", "8,1", "--level-max-queue", "5", *BASE], "one bound per level"),
     (["--prefix", "p", "no_such_module_abc:Model"], "no module named 'no_such_module_abc'"),
     (["--prefix", "p", "Model"], "package.module:Name"),
     (["--prefix", "bad prefix!", "support.models:Doubler"], "invalid prefix"),

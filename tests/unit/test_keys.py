@@ -29,8 +29,10 @@ TOKENS = ["c:0", "client:1", "host-1.pid_2:123", "a" * 64 + ":" + "9" * 20]
 
 def all_keys(keys: Keys) -> list[str]:
     job = "0123456789abcdef0123456789abcdef"
-    return ([keys.requests, keys.dead, keys.workers, keys.jobs, keys.job_events]
-            + keys.job_keys(job) + [keys.reply(t) for t in TOKENS])
+    return ([keys.requests, keys.dead, keys.workers, keys.levels, keys.jobs, keys.job_events]
+            + [keys.requests_at(level) for level in range(1, 16)] + keys.job_keys(job)
+            + [keys.reply(t) for t in TOKENS] + [keys.cancelled(t) for t in TOKENS]
+            + [keys.quotas, keys.bucket("acme"), keys.bucket("a@b.c")])
 
 
 def hash_tag(key: str) -> str:
@@ -301,3 +303,13 @@ if given is not None:
         key = keys.reply(text)
         assert hash_tag(key) == "p"
         assert key.count(":") == 5 and "::" not in key
+
+
+def test_level_zero_is_the_requests_stream_of_old_clients_and_workers():
+    keys = Keys("p")
+    assert keys.requests_at(0) == keys.requests == "rstreamer:{p}:requests"
+    assert keys.requests_at(1) == "rstreamer:{p}:requests:1"
+    assert len({keys.requests_at(level) for level in range(16)}) == 16
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError):
+            keys.requests_at(bad)

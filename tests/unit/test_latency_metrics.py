@@ -89,3 +89,14 @@ def test_queue_collector_exports_what_it_reads():
 
 def test_entry_ms_is_the_ids_time():
     assert entry_ms(b"1700000000123-7") == 1700000000123
+
+
+def test_queue_collector_exports_depth_and_wait_per_priority_level():
+    registry = CollectorRegistry()
+    levels = [{"level": 0, "queue_length": 1, "oldest_wait_s": 0.1},
+              {"level": 1, "queue_length": 40, "oldest_wait_s": 9.0}]
+    registry.register(metrics.QueueCollector(lambda: [
+        {"prefix": "p", "queue_length": 41, "pending": 2, "dead_letters": 1, "oldest_wait_s": 9.0, "workers": [],
+         "levels": levels}]))
+    assert registry.get_sample_value("rstreamer_queue_level_length", {"prefix": "p", "level": "1"}) == 40
+    assert registry.get_sample_value("rstreamer_queue_level_oldest_wait_seconds", {"prefix": "p", "level": "0"}) == 0.1

@@ -298,22 +298,44 @@ def test_a_reply_lives_until_its_last_callers_deadline_and_at_least_the_floor():
 def test_enqueue_args_carry_each_calls_remaining_timeout_and_wall_deadline():
     from rstreamer.messages import QueueLimits, enqueue_args
 
-    calls = [([b"a", b"b"], 105.5), ([b"c"], 100.0 - 1)]
-    args = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1", calls, now=100.0)
-    assert args == [10, 2000, 500, "workers", "c:1", 2, 2, 2, 5500, 105500, 1, 0, 99000, b"a", b"b", b"c"]
+    args = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1",
+                        [([b"a", b"b"], 105.5, 0, None), ([b"c"], 100.0 - 1, 2, "acme"), ([b"d"], 101.0, 0, "acme")],
+                        now=100.0)
+    assert args == [10, 2000, 500, "workers", "c:1", 2, 3, 1, "acme", 2, 5500, 105500, 0, 0, 1, 0, 99000, 2, 1,
+                    1, 1000, 101000, 0, 1, b"a", b"b", b"c", b"d"]
 
 
-@pytest.mark.parametrize("reply, words", [
-    ([0, 1, 7], "7 items wait undelivered (max_queue=10)"),
-    ([0, 2, 1900], "holds 1900 bytes (max_queue_bytes=2000)"),
-    ([1, 3, 2500], "has waited 2.5s"),
+def test_enqueue_keys_are_the_levels_then_the_streams_up_to_the_highest_priority():
+    from rstreamer.keys import Keys
+    from rstreamer.messages import enqueue_keys
+
+    keys = Keys("p")
+    assert enqueue_keys(keys, [0, 0]) == [keys.levels, keys.quotas, keys.requests]
+    assert enqueue_keys(keys, [0, 2], ["a"]) == [keys.levels, keys.quotas, keys.bucket("a"), keys.requests,
+                                                 keys.requests_at(1), keys.requests_at(2)]
+
+
+@pytest.mark.parametrize("verdict, priority, words", [
+    ((1, 7, 10), 0, "7 items wait undelivered (max_queue=10)"),
+    ((1, 7, 5), 1, "7 items wait undelivered at priorities 0-1 (max_queue=5)"),
+    ((2, 1900, 2000), 0, "hold 1900 bytes (max_queue_bytes=2000)"),
+    ((3, 2500, 0), 0, "has waited 2.5s"),
+    ((4, 2, 0), 3, "priority 3 is not served on prefix 'p': its workers serve levels 0-1"),
+    ((5, 250, 20), 0, "tenant 't' is over its quota on prefix 'p' (burst 20 items); retry in 0.250s"),
+    ((5, -1, 20), 0, "larger than its burst of 20 items"),
 ])
-def test_a_refusal_says_why(reply, words):
+def test_a_refusal_says_why(verdict, priority, words):
+    from rstreamer.errors import InvalidPriority, Overloaded, RateLimited
     from rstreamer.messages import Admission, QueueLimits
 
-    admission = Admission.parse(reply)
-    assert admission.accepted == reply[0]
-    assert words in str(admission.error("p", QueueLimits(10, 2000, "workers")))
+    admission = Admission.parse([2, 0, 0, 0, *verdict, b"1-0", b"1-1"])
+    assert admission.verdicts[0].added and not admission.verdicts[1].added
+    assert admission.ids == (b"1-0", b"1-1")
+    error = admission.verdicts[1].error("p", QueueLimits(10, 2000, "workers"), priority, "t")
+    assert words in str(error)
+    assert isinstance(error, {4: InvalidPriority, 5: RateLimited}.get(verdict[0], Overloaded))
+    if verdict[0] == 5:
+        assert error.retry_after == max(0, verdict[1]) / 1000
 
 
 def test_a_version_1_reply_carries_the_values_a_version_1_client_can_decode():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -117,3 +118,58 @@ def test_bad_config_fails_at_start(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError):
         WebConfig.from_env()
+
+
+# --- priority -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, headers, priority", [
+    (b'{"inputs": [1]}', {}, 0),
+    (b'{"inputs": [1], "priority": 1}', {}, 1),
+    (b'{"inputs": [1]}', {"X-Priority": " 2 "}, 2),
+    (b'{"inputs": [1], "priority": 3}', {"X-Priority": "3"}, 3),
+])
+def test_the_priority_comes_from_the_json_body_or_the_header(body, headers, priority):
+    call = protocol.parse_call("application/json", body, headers)
+    assert (call.inputs, call.priority) == ([1], priority)
+
+
+def test_a_form_call_takes_its_priority_from_the_header():
+    assert protocol.parse_call(FORM, b"s=a", {"X-Priority": "1"}) == protocol.CallRequest(["a"], 1)
+
+
+@pytest.mark.parametrize("body, headers, words", [
+    (b'{"inputs": [1], "priority": "1"}', {}, '"priority" must be an integer'),
+    (b'{"inputs": [1], "priority": true}', {}, '"priority" must be an integer'),
+    (b'{"inputs": [1]}', {"X-Priority": "high"}, "X-Priority must be an integer"),
+    (b'{"inputs": [1], "priority": 1}', {"X-Priority": "0"}, "disagree"),
+    (b'{"inputs": [1], "priority": 16}', {}, "from 0 (most urgent) to 15"),
+    (b'{"inputs": [1]}', {"X-Priority": "-1"}, "from 0 (most urgent) to 15"),
+])
+def test_a_bad_priority_is_a_bad_request(body, headers, words):
+    with pytest.raises(protocol.HTTPError, match=re.escape(words)) as raised:
+        protocol.parse_call("application/json", body, headers)
+    assert raised.value.status == 400
+
+
+def test_a_level_the_workers_do_not_serve_is_a_bad_request():
+    from rstreamer.errors import InvalidPriority
+
+    status, error, _ = reply(InvalidPriority("priority 3 is not served"))
+    assert (status, error["type"]) == (400, "InvalidPriority")
+
+
+def test_the_tenant_comes_from_the_header():
+    assert protocol.parse_call("application/json", b'{"inputs": [1]}', {"X-Tenant": " acme "}).tenant == "acme"
+    assert protocol.parse_call("application/json", b'{"inputs": [1]}', {}).tenant is None
+    with pytest.raises(protocol.HTTPError, match="X-Tenant: invalid tenant") as raised:
+        protocol.parse_call("application/json", b'{"inputs": [1]}', {"X-Tenant": "a b"})
+    assert raised.value.status == 400
+
+
+@pytest.mark.parametrize("retry_after, header", [(0.25, "1"), (2.1, "3"), (0.0, "1")])
+def test_a_tenant_over_quota_is_429_with_retry_after_in_whole_seconds(retry_after, header):
+    from rstreamer.errors import RateLimited
+
+    status, error, headers = reply(RateLimited("tenant 'a' is over its quota", retry_after))
+    assert (status, error["type"], headers) == (429, "RateLimited", {"Retry-After": header})

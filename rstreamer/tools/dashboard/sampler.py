@@ -95,6 +95,7 @@ class Sampler:
             "prefix": snapshot.prefix, "now_ms": snapshot.now_ms, "queue_length": snapshot.queue_length,
             "pending": snapshot.pending, "dead_letters": snapshot.dead_letters,
             "oldest_wait_s": round(max(0, snapshot.now_ms - oldest) / 1000, 3) if oldest is not None else 0.0,
+            "levels": status.level_rows(snapshot),
             "throughput": status.throughput(before, snapshot, self.dead_after),
             "workers": status.worker_rows(snapshot, self.dead_after),
             "dead": [as_json(letter) for letter in read_dead_letters(self.client, keys, self._dead_shown)],

@@ -1,0 +1,131 @@
+"""Cancellation on the Redis transport, counted in model executions: a cancelled future, a call
+that times out and a cancelled asyncio task withdraw their items; nothing withdrawn runs once a
+worker has not started it, and nothing cancelled is answered."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rstreamer import AsyncRedisStreamer, Cancelled, RedisStreamer, StreamerTimeout
+from rstreamer.keys import Keys
+from support.procs import wait_until
+
+pytestmark = pytest.mark.integration
+
+BLOCKER = ["sleep", 1.0]
+
+
+def executions(log: Path) -> list[str]:
+    """The items the model ran, one repr per line, in order."""
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def pending(client, prefix: str) -> int:
+    keys = Keys(prefix)
+    return int(client.xpending(keys.requests, keys.group)["pending"])
+
+
+@pytest.fixture
+def recorder(workers, prefix, tmp_path):
+    """Start one Recorder worker (batch of one by default); returns its execution log."""
+    log = tmp_path / "runs.log"
+
+    def start(**spec) -> Path:
+        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)},
+                      **{"batch_size": 1, **spec})
+        return log
+    return start
+
+
+def test_futures_cancelled_before_delivery_never_run(redis_client, redis_url, prefix, recorder):
+    log = recorder()
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        blocker = streamer.submit([BLOCKER])
+        wait_until(lambda: pending(redis_client, prefix) == 1, what="the worker busy with the blocker")
+        futures = [streamer.submit([n]) for n in range(6)]
+        assert [futures[n].cancel() for n in (1, 3, 4)] == [True] * 3
+        assert futures[1].cancel() is False, "cancelled once"
+        # The three withdrawn entries are deleted from the stream: the blocker and 3 others remain.
+        wait_until(lambda: redis_client.xlen(Keys(prefix).requests) == 4, what="the withdrawn entries deleted")
+        for n in (1, 3, 4):
+            assert futures[n].cancelled()
+            with pytest.raises(Cancelled):
+                futures[n].result()
+        assert [futures[n].result() for n in (0, 2, 5)] == [[0], [4], [10]]
+        assert blocker.result() == ["slept"]
+    assert executions(log) == [repr(BLOCKER), "0", "2", "5"]
+
+
+def test_an_item_a_worker_holds_but_has_not_started_is_skipped(redis_client, redis_url, prefix, workers, recorder):
+    # Not adaptive: the worker holds the first item up to max_latency while the batch fills.
+    log = recorder(batch_size=8, max_latency=1.5, adaptive=False)
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        held = streamer.submit([7])
+        wait_until(lambda: pending(redis_client, prefix) == 1, what="the worker to hold the item")
+        assert held.cancel()
+        assert streamer.predict([8]) == [16]
+    assert executions(log) == ["8"]
+    wait_until(lambda: redis_client.xlen(Keys(prefix).requests) == 0, what="the skipped entry acked and deleted")
+
+
+def test_a_cancelled_item_already_running_is_not_answered(redis_client, redis_url, prefix, recorder):
+    log = recorder()
+    keys = Keys(prefix)
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        running = streamer.submit([BLOCKER])
+        wait_until(lambda: pending(redis_client, prefix) == 1, what="the item running")
+        token = running.call.token
+        assert running.cancel()
+        # Acked and deleted once the worker is done with it: run (predict had started) or skipped
+        # (the cancel came between its read and predict); either way nobody is answered.
+        wait_until(lambda: redis_client.xlen(keys.requests) == 0, what="the worker to finish with the item")
+        assert streamer.predict([1]) == [2]
+    assert executions(log)[-1] == "1"
+    assert not redis_client.exists(keys.reply(token)), "the reply of a withdrawn call is dropped by the worker"
+
+
+def test_a_call_that_times_out_withdraws_its_items(redis_client, redis_url, prefix, recorder):
+    log = recorder()
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        blocker = streamer.submit([BLOCKER])
+        wait_until(lambda: pending(redis_client, prefix) == 1, what="the worker busy with the blocker")
+        with pytest.raises(StreamerTimeout):
+            streamer.predict([5, 6], timeout=0.3)
+        wait_until(lambda: redis_client.xlen(Keys(prefix).requests) == 1, what="the timed-out entries deleted")
+        assert blocker.result() == ["slept"]
+        assert streamer.predict([9]) == [18]
+    assert executions(log) == [repr(BLOCKER), "9"]
+
+
+async def until(predicate, timeout: float = 10.0, what: str = "") -> None:
+    """Poll ``predicate`` without blocking the event loop; fail after ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_a_cancelled_asyncio_task_withdraws_its_items(redis_client, redis_url, prefix, recorder):
+    log = recorder()
+
+    def length() -> int:
+        return redis_client.xlen(Keys(prefix).requests)
+
+    async def scenario() -> list[int]:
+        async with AsyncRedisStreamer(redis_url, prefix, timeout=30) as streamer:
+            blocker = asyncio.create_task(streamer.predict([BLOCKER]))
+            await until(lambda: pending(redis_client, prefix) == 1, what="the worker busy with the blocker")
+            task = asyncio.create_task(streamer.predict([3, 4]))
+            await until(lambda: length() == 3, what="the call enqueued")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await until(lambda: length() == 1, what="the cancelled entries deleted")
+            assert await blocker == ["slept"]
+            return await streamer.predict([5])
+
+    assert asyncio.run(scenario()) == [10]
+    assert executions(log) == [repr(BLOCKER), "5"]

@@ -1,0 +1,84 @@
+"""Per-tenant quotas on the Redis transport: token buckets checked in the ENQUEUE script."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rstreamer import AsyncRedisStreamer, ConfigError, RateLimited, RedisStreamer
+from rstreamer.keys import Keys
+from rstreamer.levelsource import ensure_groups, publish_levels, publish_quotas
+from rstreamer.priority import Levels
+from rstreamer.quotas import Quotas
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def quoted(redis_client, prefix):
+    """A prefix with two levels and quotas published, as workers would; nobody consumes."""
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 2)
+    publish_levels(redis_client, keys, Levels((8, 1)))
+    publish_quotas(redis_client, keys, Quotas.parse(rate=2, burst=5, tenants="big=1000:1000,vip=0"))
+    return keys
+
+
+def test_a_tenant_over_its_quota_is_refused_and_others_are_not(redis_client, redis_url, prefix, quoted):
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        streamer.submit([0] * 3, tenant="flood")
+        streamer.submit([0] * 2, tenant="flood", priority=1)  # one bucket for every level
+        with pytest.raises(RateLimited, match="tenant 'flood' is over its quota") as refused:
+            streamer.submit([0], tenant="flood")
+        assert 0 < refused.value.retry_after <= 0.5  # 1 token at 2/s
+        streamer.submit([0] * 5, tenant="other")  # its own bucket
+        streamer.submit([0] * 50)  # no tenant: no quota
+        streamer.submit([0] * 50, tenant="vip")  # rate 0: exempt
+        streamer.submit([0] * 50, tenant="big")  # its own, larger quota
+        with pytest.raises(RateLimited, match="larger than its burst of 5 items") as too_big:
+            streamer.submit([0] * 6, tenant="late")
+        assert too_big.value.retry_after == 0
+        time.sleep(refused.value.retry_after)  # the bucket refills with time: nothing to poll
+        streamer.submit([0], tenant="flood")
+        assert redis_client.xlen(quoted.requests) == 3 + 5 + 50 + 50 + 50 + 1
+        assert 0 < redis_client.pttl(quoted.bucket("flood")) <= 3500, "a bucket expires once it would be full again"
+
+
+def test_a_refused_call_takes_no_tokens(redis_client, redis_url, prefix, quoted):
+    # max_queue 3: a call of 3 items fits an empty queue (a larger one would be CallTooLarge at once).
+    with RedisStreamer(redis_url, prefix, timeout=30, max_queue=3) as streamer:
+        streamer.submit([0] * 2, tenant="t")
+        with pytest.raises(Exception, match="overloaded"):
+            streamer.submit([0] * 2, tenant="t")  # 2 + 2 over max_queue: Overloaded, and its tokens stay
+        redis_client.delete(quoted.requests)
+        ensure_groups(redis_client, quoted, 1)
+        streamer.submit([0] * 3, tenant="t")  # 5 - 2 = 3 tokens left
+
+
+def test_async_client_and_coalesced_calls_take_their_own_tenant_s_tokens(redis_url, prefix, quoted):
+    async def calls() -> list[object]:
+        async with AsyncRedisStreamer(redis_url, prefix, timeout=30) as streamer:
+            with pytest.raises(ConfigError, match="invalid tenant"):
+                await streamer.submit([1], tenant="no spaces")
+            results = await asyncio.gather(*(streamer.submit([n], tenant="a") for n in range(7)),
+                                           return_exceptions=True)
+            return [type(r).__name__ for r in results]
+
+    names = asyncio.run(calls())
+    assert names.count("AsyncFuture") == 5 and names.count("RateLimited") == 2
+
+
+@pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
+def test_web_apps_answer_429_with_retry_after(redis_url, prefix, workers, web, server_kind):
+    # Quotas from the worker's settings: 5 items at once, then 1 per 10 s for "flood".
+    workers.start(prefix, settings={"tenant_quotas": "flood=0.1:5"})
+    server = getattr(web, server_kind)(prefix)
+    responses = [server.client.post("/predict", json={"inputs": [n]}, headers={"X-Tenant": "flood"})
+                 for n in range(7)]
+    assert [r.status_code for r in responses] == [200] * 5 + [429] * 2
+    assert 1 <= int(responses[5].headers["Retry-After"]) <= 10
+    assert responses[5].json()["error"]["type"] == "RateLimited"
+    other = server.client.post("/predict", json={"inputs": [1]}, headers={"X-Tenant": "other"})
+    assert other.status_code == 200 and other.json() == {"outputs": [2]}
+    assert server.predict([3]).json() == {"outputs": [6]}, "no tenant: no quota"
