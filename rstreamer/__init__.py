@@ -18,6 +18,7 @@ from .errors import (
     WorkerStartupError,
 )
 from .future import Future
+from .generative import GenerativeModel, Step
 from .local import Streamer, ThreadedStreamer
 from .model import ManagedModel
 from .settings import ClientSettings, WorkerSettings
@@ -39,6 +40,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "Future",
+    "GenerativeModel",
     "ManagedModel",
     "Overloaded",
     "RStreamerError",
@@ -46,6 +48,7 @@ __all__ = [
     "RedisWorker",
     "RemoteError",
     "Streamer",
+    "Step",
     "StreamerTimeout",
     "ThreadedStreamer",
     "WorkerSettings",
