@@ -1,6 +1,7 @@
 """rstreamer: dynamic mini-batching between a web fleet and deep-learning models, over Redis Streams."""
 from .aclient import AsyncRedisStreamer
 from .batching import BatchPolicy
+from .chunks import Restarted
 from .client import RedisStreamer
 from .codec import register_type
 from .errors import (
@@ -47,6 +48,7 @@ __all__ = [
     "RedisStreamer",
     "RedisWorker",
     "RemoteError",
+    "Restarted",
     "Streamer",
     "Step",
     "StreamerTimeout",
