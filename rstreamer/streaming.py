@@ -95,6 +95,10 @@ class GenerativeLane:
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
         acks: list[bytes] = []
+        # An entry already held is not taken twice: a claimed entry is also in this consumer's
+        # own backlog, which the source serves at start-up and after a failed reply.
+        held = {live.item.parsed.entry_id for live in [*self.scheduler.active.values(), *self.scheduler.waiting]}
+        batch = [parsed for parsed in batch if parsed.entry_id not in held]
         requests = [parsed for parsed in batch if parsed.request is not None]
         for parsed in batch:
             if parsed.request is None and parsed.error is not None:
