@@ -1,4 +1,4 @@
-"""The Flask app: ``POST /predict``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
+"""The Flask app: ``POST /predict``, ``POST /generate`` (SSE), ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
 
 Run it under gunicorn (``gunicorn -c webapp/gunicorn.conf.py``) or uwsgi
 (``uwsgi --ini webapp/uwsgi.ini``); see docs/webapp.md. The model runs in rstreamer workers
@@ -21,7 +21,7 @@ from rstreamer.connection import create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
 
-from . import metrics, protocol
+from . import metrics, protocol, sse
 from .config import WebConfig
 
 T = TypeVar("T")
@@ -90,6 +90,19 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
         metrics.count_response("/predict", status)
         return Response(body, status, headers, mimetype=protocol.JSON)
 
+    @app.post("/generate")
+    def generate() -> Response:
+        # Enqueued before the response starts, so a refused call gets its status (400, 503).
+        try:
+            item, timeout = sse.parse_generate(request.content_type, _body(request, config))
+            stream = streamer.get().stream(item, timeout)
+        except Exception as exc:
+            status, body, headers = protocol.error_reply(exc)
+            metrics.count_response("/generate", status)
+            return Response(body, status, headers, mimetype=protocol.JSON)
+        metrics.count_response("/generate", 200)
+        return Response(sse.sync_events(stream), 200, sse.HEADERS, mimetype=sse.SSE)
+
     @app.get("/healthz")
     def healthz() -> Response:
         return Response(protocol.dumps({"status": "ok"}), 200, mimetype=protocol.JSON)
@@ -109,12 +122,15 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
         return Response(body, 200, content_type=content_type)
 
 
-def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
+def _body(req: Request, config: WebConfig) -> bytes:
     try:
-        body = req.get_data(cache=False)
+        return req.get_data(cache=False)
     except RequestEntityTooLarge:
         raise protocol.too_large(config.max_body) from None
-    inputs = protocol.parse_inputs(req.content_type, body)
+
+
+def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
+    inputs = protocol.parse_inputs(req.content_type, _body(req, config))
     with metrics.calls().track(config.prefix, len(inputs)):
         outputs = streamer.predict(inputs)
     return protocol.outputs_body(outputs)
