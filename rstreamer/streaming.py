@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     from .worker import Answer, DeadLetter, Parsed, WorkerStats
 
 logger = logging.getLogger(__name__)
+
+CANCEL_CHECK_INTERVAL = 0.05
+"""Seconds between two reads of the streamed calls' control keys: a caller that left is dropped
+within this (plus a step), and a fast model's steps do not each pay a round trip for it."""
 
 Pushes = dict[str, tuple[int, list[bytes]]]
 """Messages to push per reply key, with the key's TTL in ms."""
@@ -77,6 +82,7 @@ class GenerativeLane:
         self._io = io
         self._stats = stats
         self._reply_ttl = reply_ttl
+        self._next_cancel_check = 0.0
 
     @property
     def room(self) -> int:
@@ -184,7 +190,11 @@ class GenerativeLane:
         return None, done
 
     def _cancelled(self) -> list[Job]:
-        """The streamed jobs whose caller left (its control key says cancelled)."""
+        """The streamed jobs whose caller left (its control key says cancelled); read at most
+        every CANCEL_CHECK_INTERVAL."""
+        if time.monotonic() < self._next_cancel_check:
+            return []
+        self._next_cancel_check = time.monotonic() + CANCEL_CHECK_INTERVAL
         jobs = [live.item for live in [*self.scheduler.active.values(), *self.scheduler.waiting] if live.item.streamed]
         states = self._controls([self._keys.stream_control(job.token) for job in jobs])
         return [job for job, state in zip(jobs, states) if state == CANCELLED]

@@ -23,6 +23,9 @@ from .chunks import CANCELLED, STREAMED, ChunkReader
 from .errors import BrokerUnavailable, RStreamerError, StreamerTimeout
 from .messages import REPLY_GRACE
 
+POP_COUNT = 256
+"""Most chunk messages one pop takes."""
+
 
 class _StreamState:
     """What the sync and async streams share: the call, its keys, the reader and the buffer."""
@@ -45,10 +48,14 @@ class _StreamState:
     def enqueue_args(self) -> dict[str, list[Any]]:
         return self.calls.enqueue_args(self.call)
 
-    def take(self, data: bytes) -> None:
-        chunks, error = self.reader.feed(data)
-        self.buffer.extend(chunks)
-        self.error = error
+    def take(self, popped: Any) -> None:
+        """The messages of one BLMPOP reply ``[key, [message, ...]]``, in order."""
+        for data in popped[1]:
+            if self.reader.done:
+                break  # nothing follows the end
+            chunks, error = self.reader.feed(data)
+            self.buffer.extend(chunks)
+            self.error = error
 
     def next_ready(self) -> tuple[bool, Any]:
         """``(True, chunk)`` when a chunk can be returned now; raises at the end or on an error."""
@@ -132,13 +139,14 @@ class ChunkStream:
             raise state.timed_out()
         try:
             with call_errors(self._redis_url):
-                popped = self._redis.blpop([state.call.reply_key], timeout=block)
+                # Every message waiting in one pop: a slow reader catches up in one round trip.
+                popped = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
         except BrokerUnavailable as exc:
             time.sleep(state.broker_failed(exc))
             return
         state.failures = 0
         if popped:
-            state.take(popped[1])
+            state.take(popped)
 
     def close(self) -> None:
         """Stop: cancel the generation unless it ended, and drop its reply list."""
@@ -216,14 +224,15 @@ class AsyncChunkStream:
         try:
             with call_errors(state.calls.url):
                 # The socket timeout bounds a stalled server; wait_for bounds this caller.
-                popped = await asyncio.wait_for(self._redis.blpop([state.call.reply_key], timeout=block), block + 2.0)
+                pop = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
+                popped = await asyncio.wait_for(pop, block + 2.0)
         except (BrokerUnavailable, asyncio.TimeoutError) as exc:
             error = exc if isinstance(exc, BrokerUnavailable) else BrokerUnavailable(f"Redis did not answer: {exc}")
             await asyncio.sleep(state.broker_failed(error))
             return
         state.failures = 0
         if popped:
-            state.take(popped[1])
+            state.take(popped)
 
     async def aclose(self) -> None:
         """Stop: cancel the generation unless it ended, and drop its reply list."""

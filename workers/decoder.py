@@ -94,7 +94,6 @@ class TinyDecoder(GenerativeModel):
         self.head = nn.Linear(d_model, VOCAB)
         self.model = nn.ModuleList([self.embed, self.position, self.blocks, self.norm, self.head]).eval()
         self.sequences: dict[int, _Sequence] = {}
-        self.free: list[int] = []
         self.k_cache = self.v_cache = torch.zeros(0)
         self._grow(8)
 
@@ -121,7 +120,7 @@ class TinyDecoder(GenerativeModel):
             else:
                 going.append(key)
         if going:
-            seqs = [self.sequences[key] for key in going]
+            seqs = sorted((self.sequences[key] for key in going), key=lambda seq: seq.slot)
             logits = self._decode_step(seqs)
             for seq, token in zip(seqs, self._choose(logits)):
                 seq.length += 1
@@ -161,10 +160,15 @@ class TinyDecoder(GenerativeModel):
             return self.head(self.norm(x[-1:]))
 
     def _decode_step(self, seqs: list[_Sequence]) -> Any:
-        """One token per sequence, each attending to its own cache: (B, VOCAB) logits."""
+        """One token per sequence, each attending to its own cache: (B, VOCAB) logits.
+
+        ``seqs`` hold the slots 0..B-1 in order (see :meth:`_release`), so each layer's cache
+        of the batch is a view, not a copy of every live sequence's keys and values.
+        """
         torch = self.torch
         with torch.inference_mode():
-            slots = torch.tensor([seq.slot for seq in seqs])
+            count = len(seqs)
+            slots = torch.arange(count)
             positions = torch.tensor([seq.length for seq in seqs])
             span = int(positions.max()) + 1
             x = self.embed(torch.tensor([seq.next_token for seq in seqs])) + self.position(positions)
@@ -173,8 +177,8 @@ class TinyDecoder(GenerativeModel):
                 q, k, v = self._qkv(block, x)  # (B, H, hd) each
                 self.k_cache[layer, slots, :, positions] = k
                 self.v_cache[layer, slots, :, positions] = v
-                keys = self.k_cache[layer, slots, :, :span]  # (B, H, span, hd)
-                values = self.v_cache[layer, slots, :, :span]
+                keys = self.k_cache[layer, :count, :, :span]  # (B, H, span, hd), a view
+                values = self.v_cache[layer, :count, :, :span]
                 scores = (keys @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(self.head_dim)  # (B, H, span)
                 weights = scores.masked_fill(~visible[:, None, :], float("-inf")).softmax(-1)
                 x = self._finish_block(block, x, (weights.unsqueeze(2) @ values).squeeze(2))
@@ -197,12 +201,18 @@ class TinyDecoder(GenerativeModel):
     # cache slots ---------------------------------------------------------------------------
 
     def _slot(self) -> int:
-        if not self.free:
+        if len(self.sequences) == self.k_cache.shape[1]:
             self._grow(2 * self.k_cache.shape[1])
-        return self.free.pop()
+        return len(self.sequences)
 
     def _release(self, key: int) -> None:
-        self.free.append(self.sequences.pop(key).slot)
+        """Free a sequence's slot; the last live slot moves into it, so the live ones stay 0..n-1."""
+        slot = self.sequences.pop(key).slot
+        last = len(self.sequences)
+        if slot != last:
+            mover = next(seq for seq in self.sequences.values() if seq.slot == last)
+            self.k_cache[:, slot], self.v_cache[:, slot] = self.k_cache[:, last], self.v_cache[:, last]
+            mover.slot = slot
 
     def _grow(self, slots: int) -> None:
         """Room for ``slots`` sequences (the cache doubles when full)."""
@@ -213,7 +223,6 @@ class TinyDecoder(GenerativeModel):
         if old:
             k[:, :old], v[:, :old] = self.k_cache, self.v_cache
         self.k_cache, self.v_cache = k, v
-        self.free.extend(range(slots - 1, old - 1, -1))
 
 
 def _block(nn: Any, d_model: int) -> Any:
