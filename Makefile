@@ -21,6 +21,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rstreamer demo $(DEMO_ARGS)
+	$(VENV)/bin/rstreamer demo --generate
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

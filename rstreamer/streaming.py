@@ -167,6 +167,7 @@ class GenerativeLane:
         assert request is not None
         if not job.streamed:
             job.parts += [chunk for _, chunk in event.chunks]
+            outcome: Outcome[Any]
             if event.failure is not None:
                 outcome = Outcome(False, failure=event.failure)
             elif event.finished:
@@ -203,7 +204,8 @@ class GenerativeLane:
         if not keys:
             return []
         # One MGET: every key of a prefix is on one Cluster slot (its hash tag).
-        return list(self._redis.mget(keys))
+        return [value if isinstance(value, bytes) or value is None else str(value).encode()
+                for value in self._redis.mget(keys)]
 
     def _cost(self, parsed: Parsed) -> int:
         assert parsed.request is not None

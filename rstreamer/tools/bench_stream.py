@@ -180,11 +180,12 @@ def serving(model: str, workers: int, args: argparse.Namespace) -> Iterator[tupl
     supervisor = Supervisor(spec, [None] * workers, restart_backoff=0.2)
     thread = threading.Thread(target=supervisor.run, name="bench-stream-supervisor", daemon=True)
     thread.start()
+    streamer = RedisStreamer(args.url, prefix)
     try:
-        with RedisStreamer(args.url, prefix) as streamer:
-            wait_for_live_workers(streamer.redis, streamer.keys, workers, timeout=120)
-            yield streamer, supervisor
+        wait_for_live_workers(streamer.redis, streamer.keys, workers, timeout=120)
+        yield streamer, supervisor
     finally:
+        streamer.close()
         supervisor.stop()
         thread.join(timeout=60)
 
@@ -220,8 +221,13 @@ def measure_kill(args: argparse.Namespace, items: list[dict[str, Any]], referenc
         drive(streamed_call(streamer, args.timeout), items, args.callers, run)
         done.set()
         thread.join()
-        _, infos = read_workers(streamer.redis, streamer.keys)
-        run.reclaimed = sum(int(info.get("reclaimed", 0)) for info in infos.values())
+        deadline = time.monotonic() + 3.0  # heartbeats publish the counters every half second
+        while time.monotonic() < deadline:
+            _, infos = read_workers(streamer.redis, streamer.keys)
+            run.reclaimed = sum(int(info.get("reclaimed", 0)) for info in infos.values())
+            if run.reclaimed or run.killed is None:
+                break
+            time.sleep(0.1)
     run.intact = run.failed == 0 and all(
         run.samples[i].text == reference.get(i) and run.samples[i].chunks == items[i]["max_new_tokens"]
         and not run.samples[i].restarted for i in range(len(items)))

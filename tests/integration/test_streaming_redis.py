@@ -135,3 +135,14 @@ def test_async_stream_in_order_and_early_exit_cancels(
             assert await streamer.predict([{"n": 2}], timeout=20) == [[0, 1, 1, 1]]  # lists are chained
 
     asyncio.run(main())
+
+
+def test_sigterm_drains_the_live_generations(workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
+    worker = workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.02}, batch_size=4)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        stream = streamer.stream({"n": 40}, timeout=60)
+        steps = [next(stream)[0] for _ in range(3)]
+        worker.terminate()  # SIGTERM: no new items, the live ones run to their end
+        steps += [chunk[0] for chunk in stream]
+    assert steps == list(range(40))
+    assert worker.wait(30) == 0
