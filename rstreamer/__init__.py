@@ -1,6 +1,7 @@
 """rstreamer: dynamic mini-batching between a web fleet and deep-learning models, over Redis Streams."""
 from .aclient import AsyncRedisStreamer
 from .batching import BatchPolicy
+from .chunks import Restarted
 from .client import RedisStreamer
 from .codec import register_type
 from .errors import (
@@ -20,6 +21,7 @@ from .errors import (
     WorkerStartupError,
 )
 from .future import Future
+from .generative import GenerativeModel, Step
 from .local import Streamer, ThreadedStreamer
 from .model import ManagedModel
 from .settings import ClientSettings, WorkerSettings
@@ -42,6 +44,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "Future",
+    "GenerativeModel",
     "ManagedModel",
     "NoLiveWorker",
     "Overloaded",
@@ -49,7 +52,9 @@ __all__ = [
     "RedisStreamer",
     "RedisWorker",
     "RemoteError",
+    "Restarted",
     "Streamer",
+    "Step",
     "StreamerTimeout",
     "ThreadedStreamer",
     "WorkerSettings",

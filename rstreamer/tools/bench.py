@@ -827,12 +827,17 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost] ...``: every transport side by side, or the cost-batching bench."""
+    """``rstreamer bench [cost|stream] ...``: every transport side by side, the cost-batching bench,
+    or the streaming bench (continuous against request-level batching)."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["cost"]:
         from .bench_cost import main as cost_main
 
         return cost_main(argv[1:])
+    if argv[:1] == ["stream"]:
+        from .bench_stream import main as stream_main
+
+        return stream_main(argv[1:])
     return _main(argv)
 
 

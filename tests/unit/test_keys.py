@@ -28,7 +28,8 @@ TOKENS = ["c:0", "client:1", "host-1.pid_2:123", "a" * 64 + ":" + "9" * 20]
 
 
 def all_keys(keys: Keys) -> list[str]:
-    return [keys.requests, keys.dead, keys.workers] + [keys.reply(t) for t in TOKENS]
+    return ([keys.requests, keys.dead, keys.workers] + [keys.reply(t) for t in TOKENS]
+            + [keys.stream_control(t) for t in TOKENS])
 
 
 def hash_tag(key: str) -> str:
