@@ -41,6 +41,7 @@ install: $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer demo $(DEMO_ARGS)
+	$(VENV)/bin/rstreamer demo --generate
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,6 +1,7 @@
 """rstreamer: dynamic mini-batching between a web fleet and deep-learning models, over Redis Streams."""
 from .aclient import AsyncRedisStreamer
 from .batching import BatchPolicy
+from .chunks import Restarted
 from .client import RedisStreamer
 from .codec import register_type
 from .errors import (
@@ -27,6 +28,7 @@ from .errors import (
     WorkerStartupError,
 )
 from .future import Future
+from .generative import GenerativeModel, Step
 from .jobs import Job, JobItem, JobState, Progress
 from .local import Streamer, ThreadedStreamer
 from .model import ManagedModel
@@ -51,6 +53,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "Future",
+    "GenerativeModel",
     "InvalidJobId",
     "InvalidPriority",
     "Job",
@@ -68,7 +71,9 @@ __all__ = [
     "RedisStreamer",
     "RedisWorker",
     "RemoteError",
+    "Restarted",
     "Streamer",
+    "Step",
     "StreamerTimeout",
     "ThreadedStreamer",
     "JobSettings",

@@ -36,6 +36,7 @@ from .errors import BrokerUnavailable, DecodeError
 from .future import BaseFuture
 from .replies import decode_reply, undecodable
 from .settings import ClientSettings
+from .streams import AsyncChunkStream
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +181,15 @@ class AsyncRedisStreamer:
     async def job(self, job_id: str) -> AsyncJob:
         """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""
         return await self.jobs.get(job_id)
+
+    def stream(self, item: Any, timeout: float | None = None) -> AsyncChunkStream:
+        """The answer of ``item`` from a generative model, chunk by chunk:
+        ``async for chunk in astreamer.stream(item): ...`` (see ``RedisStreamer.stream``).
+
+        The item is enqueued when the loop starts; leaving it early cancels the generation
+        (``async with astreamer.stream(item) as chunks:`` cancels at once, deterministically).
+        """
+        return AsyncChunkStream(self.redis, self.calls, item, timeout)
 
     async def aclose(self) -> None:
         """Stop waiting for answers and close the streamer's Redis connections."""

@@ -11,6 +11,7 @@ from .connection import create_redis
 from .future import Future
 from .jobs import Job, JobClient
 from .settings import ClientSettings
+from .streams import ChunkStream
 
 
 class RedisStreamer(BaseStreamer):
@@ -55,6 +56,17 @@ class RedisStreamer(BaseStreamer):
         :meth:`submit`)."""
         # patient: the thread parks once, from enqueue to answer, not once for each.
         return self._submit(batch, timeout, priority, tenant, patient=True).result()
+
+    def stream(self, item: Any, timeout: float | None = None) -> ChunkStream:
+        """The answer of ``item`` from a generative model, chunk by chunk, as the worker makes it.
+
+        ``for chunk in streamer.stream(item, timeout=30): ...``; the end of the answer ends the
+        loop, an error is raised where it happens, and leaving the loop early (or ``close()``)
+        cancels the generation on the worker. ``timeout`` bounds the whole answer. Raises
+        Overloaded or BrokerUnavailable when the item could not be enqueued. See
+        docs/streaming.md.
+        """
+        return ChunkStream(self.redis, self.calls, item, timeout)
 
     def _submit(self, batch: list[Any], timeout: float | None, priority: int, tenant: str | None,
                 patient: bool) -> RedisFuture:

@@ -181,6 +181,13 @@ class Keys:
             raise ValueError(f"invalid reply token {token!r}")
         return self._key("cancelled", token)
 
+    def stream_control(self, token: str) -> str:
+        """The control key of one streamed call: marks it streamed, then cancelled (see
+        rstreamer.chunks); the caller sets it with a TTL, and the worker only reads it."""
+        if not is_reply_token(token):
+            raise ValueError(f"invalid reply token {token!r}")
+        return self._key("stream", token)
+
 
 def _checked_job_id(job_id: str) -> str:
     if not is_job_id(job_id):

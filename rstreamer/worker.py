@@ -42,6 +42,7 @@ from .messages import (
 from .model import ModelSpec, Predictor, load_predictor, model_costing
 from .reclaim import Reclaimer, plan_reclaim
 from .settings import WorkerSettings, redis_url_from_env
+from .streaming import GenerativeLane, LaneIO, Pushes, model_of
 from .webhooks import WebhookSender
 
 logger = logging.getLogger(__name__)
@@ -232,6 +233,7 @@ class RedisWorker:
         self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model))
         self._hint = self._batcher.hint
         self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
+        self._lane: GenerativeLane | None = None  # set when the model is a GenerativeModel
         self.hooks = WorkerHooks()  # metrics (rstreamer.metrics.WorkerMetrics) replace the no-op
 
     def _info(self) -> dict[str, Any]:
@@ -274,6 +276,13 @@ class RedisWorker:
     def _use_model(self, predict: Predictor) -> None:
         """Serve ``predict``; batch by its model's ``cost()`` when it defines one."""
         self._predict = predict
+        generative = model_of(predict)
+        if generative is not None:
+            # A generative model is stepped by the lane (continuous batching), batch_size
+            # sequences at most: see rstreamer.streaming.
+            io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._clock.now)
+            self._lane = GenerativeLane(generative, self._redis, self.keys, io, self.stats, self.policy.batch_size,
+                                        self.settings.max_batch_cost or None, self.settings.reply_ttl)
         cost, oom_errors = model_costing(predict)
         self._batcher.oom.errors = oom_error_types(oom_errors)
         if cost is not None:
@@ -343,6 +352,9 @@ class RedisWorker:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
+            if self._lane is not None:
+                self._lane.step(self.settings.idle_block)
+                return
             batch, costs = self._batcher.next_batch(self._parsed, self.settings.idle_block)
             if batch:
                 self._run(batch, costs)
@@ -359,8 +371,11 @@ class RedisWorker:
         self.hooks.batch_done()
 
     def _drain_held(self) -> None:
-        """Run the items a cost-aware batcher still holds: they were read, so they are ours."""
+        """Run the items a cost-aware batcher (or the generative lane) still holds: they were
+        read, so they are ours."""
         try:
+            if self._lane is not None:
+                self._lane.drain()
             while True:
                 batch, costs = self._batcher.held()
                 if not batch:
@@ -389,6 +404,8 @@ class RedisWorker:
         # Whatever was read but not acked is served again from our own pending list.
         self._source.rewind()
         self._batcher.drop_held()
+        if self._lane is not None:
+            self._lane.reset()
         self._stopping.wait(1.0)
 
     def _parse(self, entry: Entry, level: int = 0) -> Parsed:
@@ -431,22 +448,28 @@ class RedisWorker:
             return []
         return [Answer(exc.token, exc.index, _dead("DecodeError", str(exc)), exc.version)]
 
-    def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]]) -> None:
+    def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]],
+                pushes: Pushes | None = None) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
         (lua.FINISH): no reply without its ack, and a full Redis still drains. ``acks``: the
-        ``(level, entry id)`` of every entry answered. Answers to job items are recorded in
+        ``(level, entry id)`` of every entry answered. ``pushes``: more messages per reply token,
+        with the reply's TTL (a generative lane's chunks). Answers to job items are recorded in
         their jobs first (see rstreamer.job_sink)."""
         answers = self._jobs.record(answers)
         by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
-            by_reply[self.keys.reply(answer.token)].append(answer)
+            by_reply[answer.token].append(answer)
         now = self._clock.now()
-        replies: list[bytes | int] = []
-        for rows in by_reply.values():
+        outgoing = dict(pushes or {})
+        for token, rows in by_reply.items():
             # One token is one client, which speaks one version.
             messages = pack_results([(a.index, a.outcome) for a in rows], rows[0].version)
-            replies += [reply_ttl_ms(self.settings.reply_ttl, [a.deadline for a in rows], now), len(messages),
-                        *messages]
+            ttl = reply_ttl_ms(self.settings.reply_ttl, [a.deadline for a in rows], now)
+            pushed_ttl, pushed = outgoing.get(token, (0, []))
+            outgoing[token] = (max(ttl, pushed_ttl), [*pushed, *messages])
+        replies: list[bytes | int] = []
+        for ttl, messages in outgoing.values():
+            replies += [ttl, len(messages), *messages]
         letters: list[bytes | int] = []
         for letter in dead:
             record = self._dead_record(letter)
@@ -456,8 +479,8 @@ class RedisWorker:
             by_level[level].append(entry_id)
         settings = self.settings
         self._finish_script(
-            keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level), *by_reply,
-                  *(self.keys.cancelled(rows[0].token) for rows in by_reply.values())],
+            keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level),
+                  *(self.keys.reply(token) for token in outgoing), *(self.keys.cancelled(token) for token in outgoing)],
             args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
                   *(len(ids) for ids in by_level.values()), *replies, *letters,
                   *(entry_id for ids in by_level.values() for entry_id in ids)],
@@ -507,10 +530,15 @@ class RedisWorker:
         # stays with the dead consumer, for an idle peer to claim meanwhile.
         size = self.policy.batch_size
         chunks = [plan.batch[i:i + size] for i in range(0, len(plan.batch), size)] + [[e] for e in plan.single]
+        if self._lane is not None:  # a generative lane claims what it has room for; it restarts them
+            ids = [entry_id for chunk in chunks for entry_id in chunk][:self._lane.room]
+            chunks = [ids] if ids else []
         for chunk in chunks:
             claimed = reclaimer.claim(chunk)
             self.stats.reclaimed += len(claimed)
-            if claimed:
+            if claimed and self._lane is not None:
+                self._lane.adopt([self._parse(entry, level) for entry in claimed])
+            elif claimed:
                 parsed = [self._parse(entry, level) for entry in claimed]
                 self._process(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
 

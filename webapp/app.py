@@ -1,4 +1,4 @@
-"""The Flask app: ``POST /predict``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
+"""The Flask app: ``POST /predict``, ``POST /generate`` (SSE), ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
 
 Run it under gunicorn (``gunicorn -c webapp/gunicorn.conf.py``) or uwsgi
 (``uwsgi --ini webapp/uwsgi.ini``); see docs/webapp.md. The model runs in rstreamer workers
@@ -6,6 +6,7 @@ behind the Redis queue, never in the web process.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -21,7 +22,7 @@ from rstreamer.connection import RedisClient, create_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import read_workers
 
-from . import jobs, metrics, protocol
+from . import jobs, metrics, protocol, sse
 from .config import WebConfig
 from .gate import WorkerGate
 
@@ -84,15 +85,7 @@ def create_app(config: WebConfig | None = None) -> Flask:
 def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreamer],
                 probe: PerProcess[RedisClient], gate: PerProcess[WorkerGate]) -> None:
     keys = Keys(config.prefix)
-
-    def check_workers() -> None:
-        watch = gate.get()
-        if watch.claim_refresh():
-            try:
-                watch.update(read_workers(probe.get(), keys))
-            except (redis.RedisError, BrokerUnavailable):
-                pass  # the call itself reports Redis's failure
-        watch.check()
+    check_workers = functools.partial(_check_workers, gate, probe, keys)
 
     @app.post("/predict")
     def predict() -> Response:
@@ -103,6 +96,10 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
             status, body, headers = protocol.error_reply(exc)
         metrics.count_response("/predict", status)
         return Response(body, status, headers, mimetype=protocol.JSON)
+
+    @app.post("/generate")
+    def generate() -> Response:
+        return _generate(request, config, streamer.get(), check_workers)
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -166,16 +163,44 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
         return answer("/jobs/<id>", cancel)
 
 
-def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> bytes:
+def _check_workers(gate: PerProcess[WorkerGate], probe: PerProcess[RedisClient], keys: Keys) -> None:
+    """NoLiveWorker (503) when no live worker has served the prefix for the grace period."""
+    watch = gate.get()
+    if watch.claim_refresh():
+        try:
+            watch.update(read_workers(probe.get(), keys))
+        except (redis.RedisError, BrokerUnavailable):
+            pass  # the call itself reports Redis's failure
+    watch.check()
+
+
+def _body(req: Request, config: WebConfig) -> bytes:
     try:
-        body = req.get_data(cache=False)
+        return req.get_data(cache=False)
     except RequestEntityTooLarge:
         raise protocol.too_large(config.max_body) from None
-    call = protocol.parse_call(req.content_type, body, req.headers)
+
+
+def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> bytes:
+    call = protocol.parse_call(req.content_type, _body(req, config), req.headers)
     check_workers()
     with metrics.calls().track(config.prefix, len(call.inputs)):
         outputs = streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
     return protocol.outputs_body(outputs)
+
+
+def _generate(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> Response:
+    # Enqueued before the response starts, so a refused call gets its status (400, 503).
+    try:
+        item, timeout = sse.parse_generate(req.content_type, _body(req, config))
+        check_workers()
+        stream = streamer.stream(item, timeout)
+    except Exception as exc:
+        status, body, headers = protocol.error_reply(exc)
+        metrics.count_response("/generate", status)
+        return Response(body, status, headers, mimetype=protocol.JSON)
+    metrics.count_response("/generate", 200)
+    return Response(sse.sync_events(stream), 200, sse.HEADERS, mimetype=sse.SSE)
 
 
 def _http_error(exc: HTTPException) -> Response:

@@ -17,7 +17,7 @@ import redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from rstreamer import AsyncRedisStreamer, Cancelled, lua
@@ -25,7 +25,7 @@ from rstreamer.connection import create_async_redis
 from rstreamer.keys import Keys
 from rstreamer.liveness import parse_read_workers
 
-from . import jobs, metrics, protocol
+from . import jobs, metrics, protocol, sse
 from .config import WebConfig
 from .gate import WorkerGate
 
@@ -61,6 +61,21 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         metrics.count_response("/predict", status)
         return Response(body, status, headers, media_type=protocol.JSON)
 
+    async def generate(request: Request) -> Response:
+        # Enqueued before the response starts, so a refused call gets its status (400, 503).
+        try:
+            body = await _read_body(request, config.max_body)
+            item, timeout = sse.parse_generate(request.headers.get("content-type"), body)
+            await _check_workers(request.app.state, keys)
+            stream = request.app.state.streamer.stream(item, timeout)
+            await stream.__aenter__()
+        except Exception as exc:
+            status, body, headers = protocol.error_reply(exc)
+            metrics.count_response("/generate", status)
+            return Response(body, status, headers, media_type=protocol.JSON)
+        metrics.count_response("/generate", 200)
+        return StreamingResponse(sse.async_events(stream), 200, sse.HEADERS, media_type=sse.SSE)
+
     async def readyz(request: Request) -> Response:
         try:
             now_ms, workers = await _read_workers(request.app.state.probe, keys)
@@ -71,6 +86,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
 
     routes = [
         Route("/predict", predict, methods=["POST"]),
+        Route("/generate", generate, methods=["POST"]),
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),

@@ -860,7 +860,8 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost|jobs] ...``: every transport side by side, or the cost or the jobs bench."""
+    """``rstreamer bench [cost|jobs|stream] ...``: every transport side by side, the cost-batching
+    bench, the jobs bench, or the streaming bench (continuous against request-level batching)."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["cost"]:
         from .bench_cost import main as cost_main
@@ -870,6 +871,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench_jobs import main as jobs_main
 
         return jobs_main(argv[1:])
+
+    if argv[:1] == ["stream"]:
+        from .bench_stream import main as stream_main
+
+        return stream_main(argv[1:])
     return _main(argv)
 
 

@@ -335,6 +335,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="web port (default: a free one)")
     parser.add_argument("--output", type=Path, default=Path("demo-output"), help="where the plot goes")
     parser.add_argument("--serve", action="store_true", help="keep the stack up for manual requests until Ctrl-C")
+    parser.add_argument("--generate", action="store_true",
+                        help="instead: streamed output of a small generative model (a decoder worker, POST /generate "
+                             "as Server-Sent Events, --clients concurrent streams continuously batched)")
     return parser.parse_args(argv)
 
 
@@ -346,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     interrupts = Interrupts()
     previous = {signum: signal.signal(signum, interrupts) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if args.generate:
+            from .demo_generate import run as run_generate
+
+            return run_generate(args)
         return run(args)
     except KeyboardInterrupt:
         print("rstreamer demo: interrupted; everything it started is stopped")

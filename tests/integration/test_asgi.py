@@ -75,6 +75,8 @@ def test_no_live_worker_is_503_at_once_and_not_ready(redis_url, prefix, web):
     assert response.status_code == 503 and response.json()["error"]["type"] == "NoLiveWorker"
     assert f"no live worker serves prefix '{prefix}'" in response.json()["error"]["message"]
     assert response.elapsed.total_seconds() < 5
+    generated = server.client.post("/generate", json={"input": 1})  # refused before a stream starts
+    assert generated.status_code == 503 and generated.json()["error"]["type"] == "NoLiveWorker"
     ready = server.client.get("/readyz")
     assert ready.status_code == 503 and ready.json()["live_workers"] == 0
 

@@ -114,6 +114,8 @@ def test_no_live_worker_is_503_at_once_and_not_ready(redis_url, prefix, web):
     assert response.json()["error"] == {"type": "NoLiveWorker", "message": f"no live worker serves prefix "
                                         f"'{prefix}' (no worker heart-beats on it)"}
     assert response.elapsed.total_seconds() < 5
+    generated = server.client.post("/generate", json={"input": 1})  # refused before a stream starts
+    assert generated.status_code == 503 and generated.json()["error"]["type"] == "NoLiveWorker"
     ready = server.client.get("/readyz")
     assert ready.status_code == 503 and ready.json()["live_workers"] == 0
 

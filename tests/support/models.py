@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rstreamer import ManagedModel
+from rstreamer import GenerativeModel, ManagedModel, Step
 
 
 def double(batch: list[Any]) -> list[Any]:
@@ -175,3 +176,42 @@ class TokenModel(ManagedModel):
         if self.delay:
             time.sleep(self.delay)
         return [[len(item), padded, len(batch)] for item in batch]
+
+
+class Ticker(GenerativeModel):
+    """Item ``{"n": steps, "fail_at": k}`` yields ``[i, live]`` at step i (live: sequences live at
+    that step) for n steps; a step raises once any live item reaches its ``fail_at``; an item
+    that is not a dict is refused at start. ``delay`` seconds per step; ``sampling`` makes the
+    model non-deterministic; ``kill_at``: the process dies when any item reaches that step."""
+
+    def init_model(self, delay: float = 0.0, sampling: bool = False, kill_at: int | None = None) -> None:
+        self.delay = delay
+        self.deterministic = not sampling
+        self.kill_at = kill_at
+        self.live: dict[int, list[Any]] = {}
+
+    def start(self, items: Mapping[int, Any]) -> None:
+        if not all(isinstance(item, dict) and isinstance(item.get("n"), int) for item in items.values()):
+            raise TypeError('a Ticker item is {"n": int}')
+        for key, item in items.items():
+            self.live[key] = [item, 0]
+
+    def step(self) -> dict[int, Step]:
+        if self.delay:
+            time.sleep(self.delay)
+        out = {}
+        for key, (item, done) in list(self.live.items()):
+            if item.get("fail_at") == done:
+                raise ValueError(f"failed at step {done}")
+            if self.kill_at == done:
+                os._exit(17)
+            self.live[key][1] = done + 1
+            finished = done + 1 >= item["n"]
+            out[key] = Step([[done, len(self.live)]], finished)
+            if finished:
+                del self.live[key]
+        return out
+
+    def cancel(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            self.live.pop(key, None)

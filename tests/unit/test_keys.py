@@ -32,6 +32,7 @@ def all_keys(keys: Keys) -> list[str]:
     return ([keys.requests, keys.dead, keys.workers, keys.levels, keys.jobs, keys.job_events]
             + [keys.requests_at(level) for level in range(1, 16)] + keys.job_keys(job)
             + [keys.reply(t) for t in TOKENS] + [keys.cancelled(t) for t in TOKENS]
+            + [keys.stream_control(t) for t in TOKENS]
             + [keys.quotas, keys.bucket("acme"), keys.bucket("a@b.c")])
 
 

@@ -1,0 +1,148 @@
+"""Streamed outputs over Redis with real worker processes: chunks in order with an explicit end,
+predict() joins them, errors where they happen, leaving early cancels on the worker, deadlines
+mid-stream, and many concurrent streams batched continuously."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import redis
+
+from rstreamer import AsyncRedisStreamer, RedisStreamer, RemoteError, StreamerTimeout
+from rstreamer.keys import Keys
+from support.procs import WorkerProcesses, wait_until
+
+DECODER = "workers.decoder:TinyDecoder"
+SMALL: dict[str, Any] = {"d_model": 64, "layers": 2, "heads": 2, "max_context": 96}
+TICKER = "support.models:Ticker"
+
+
+def pending(client: redis.Redis, prefix: str) -> int:
+    keys = Keys(prefix)
+    return int(client.xpending(keys.requests, keys.group)["pending"])
+
+
+def local_text(item: dict[str, Any]) -> str:
+    from workers.decoder import TinyDecoder
+
+    model = TinyDecoder()
+    model.init_model(**SMALL)
+    return str(model.predict([item])[0])
+
+
+def test_stream_yields_the_chunks_in_order_and_predict_joins_them(
+        workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
+    workers.start(prefix, model=DECODER, init_kwargs=SMALL, batch_size=8)
+    item = {"prompt": "once upon a time", "max_new_tokens": 25}
+    with RedisStreamer(redis_url, prefix) as streamer:
+        chunks = list(streamer.stream(item, timeout=30))
+        assert len(chunks) == 25 and all(isinstance(chunk, str) and len(chunk) == 1 for chunk in chunks)
+        expected = local_text(item)
+        assert "".join(chunks) == expected
+        other = {"prompt": "x", "max_new_tokens": 3}
+        assert streamer.predict([item, other], timeout=30) == [expected, local_text(other)]
+
+
+def test_errors_arrive_where_they_happen(workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
+    workers.start(prefix, model=TICKER, batch_size=4)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        seen = []
+        with pytest.raises(RemoteError, match="failed at step 3") as raised:
+            for chunk in streamer.stream({"n": 10, "fail_at": 3}, timeout=20):
+                seen.append(chunk[0])
+        assert seen == [0, 1, 2] and raised.value.remote_type == "ValueError"
+        with pytest.raises(RemoteError, match="Ticker item"):
+            next(iter(streamer.stream("not a dict", timeout=20)))
+        with pytest.raises(RemoteError, match="failed at step 0"):
+            streamer.predict([{"n": 5, "fail_at": 0}], timeout=20)
+
+
+def test_leaving_the_loop_early_cancels_the_generation(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    # One slot: a second stream runs only once the first one's sequence is gone.
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.01}, batch_size=1)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        for chunk in streamer.stream({"n": 100_000}, timeout=60):
+            if chunk[0] == 2:
+                break
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the cancelled entry acked")
+        assert [chunk[0] for chunk in streamer.stream({"n": 3}, timeout=20)] == [0, 1, 2]
+        stream = streamer.stream({"n": 100_000}, timeout=60)
+        next(stream)
+        stream.close()
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the closed stream's entry acked")
+        assert not redis_client.exists(Keys(prefix).reply(stream._state.call.token))
+
+
+def test_a_deadline_mid_stream_raises_a_timeout(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.02}, batch_size=4)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        seen = 0
+        with pytest.raises(StreamerTimeout):
+            for _ in streamer.stream({"n": 100_000}, timeout=1.0):
+                seen += 1
+        assert seen > 0
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the expired entry dropped")
+
+
+def test_many_concurrent_streams_share_the_steps(workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.005}, batch_size=16)
+    results: dict[int, list[Any]] = {}
+    errors: list[BaseException] = []
+
+    def call(n: int, streamer: RedisStreamer) -> None:
+        try:
+            results[n] = list(streamer.stream({"n": 5 + n % 17}, timeout=60))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with RedisStreamer(redis_url, prefix) as streamer:
+        threads = [threading.Thread(target=call, args=(n, streamer)) for n in range(40)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+    assert not errors
+    for n, chunks in results.items():
+        assert [step for step, _ in chunks] == list(range(5 + n % 17)), n
+    assert len(results) == 40
+    # Items joined and left between steps: sequences of different lengths ran together.
+    assert max(live for chunks in results.values() for _, live in chunks) > 1
+
+
+def test_async_stream_in_order_and_early_exit_cancels(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.01}, batch_size=1)
+
+    async def main() -> None:
+        async with AsyncRedisStreamer(redis_url, prefix) as streamer:
+            assert [chunk[0] async for chunk in streamer.stream({"n": 6}, timeout=20)] == list(range(6))
+            async for chunk in streamer.stream({"n": 100_000}, timeout=60):
+                if chunk[0] == 1:
+                    break
+            await asyncio.sleep(0)  # the dropped stream's cancellation task runs
+            async with streamer.stream({"n": 100_000}, timeout=60) as chunks:
+                async for _chunk in chunks:
+                    break
+            for _ in range(500):
+                if pending(redis_client, prefix) == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert pending(redis_client, prefix) == 0
+            assert await streamer.predict([{"n": 2}], timeout=20) == [[0, 1, 1, 1]]  # lists are chained
+
+    asyncio.run(main())
+
+
+def test_sigterm_drains_the_live_generations(workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
+    worker = workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.02}, batch_size=4)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        stream = streamer.stream({"n": 40}, timeout=60)
+        steps = [next(stream)[0] for _ in range(3)]
+        worker.terminate()  # SIGTERM: no new items, the live ones run to their end
+        steps += [chunk[0] for chunk in stream]
+    assert steps == list(range(40))
+    assert worker.wait(30) == 0
