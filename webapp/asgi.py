@@ -165,6 +165,9 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
     finally:
         if not task.done():
             task.cancel()
+            # Let the cancellation run (it withdraws the items) before reading the outcome: a
+            # task is only marked cancelled once the loop has thrown CancelledError into it.
+            await asyncio.wait({task})
         gone.cancel()
     if task.cancelled():
         raise Cancelled("the client disconnected before the answer")
