@@ -140,6 +140,7 @@ class GenerativeLane:
                                  for key in (self._keys.reply(job.token), self._keys.stream_control(job.token))])
         events += self.scheduler.admit(now)
         events += self.scheduler.step()
+        self._stats.batches = self.scheduler.stats.steps  # a lane's "batch" is one model step
         pushes: Pushes = {}
         for event in events:
             self._record(event)

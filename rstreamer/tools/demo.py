@@ -423,4 +423,4 @@ def serve(base_url: str, log: Path, dashboard: str) -> int:
 def _forget_prefix(client: redis.Redis, keys: Keys) -> None:
     """Remove the demo's stream and heartbeats (matters when RSTREAMER_REDIS_URL points at a shared Redis)."""
     with contextlib.suppress(redis.RedisError):
-        client.delete(keys.requests, keys.workers, keys.dead)
+        client.delete(keys.requests, keys.workers, keys.dead, keys.webhooks)  # workers create the webhooks stream
