@@ -67,7 +67,9 @@ def fleet(args: argparse.Namespace) -> Iterator[Any]:
 
     prefix = f"bench-jobs-{uuid.uuid4().hex[:8]}"
     kwargs = {"batch_seconds": args.batch_ms / 1000, "item_seconds": args.item_ms / 1000}
-    settings = WorkerSettings.from_env(batch_size=args.batch_size, max_latency=args.max_latency)
+    # Two levels by default: the job rides the least urgent one, the interactive calls level 0.
+    settings = WorkerSettings.from_env(batch_size=args.batch_size, max_latency=args.max_latency,
+                                       priorities=args.priorities)
     spec = WorkerSpec(MODEL, args.url, prefix, init_kwargs=kwargs, settings=settings, log_level="WARNING")
     supervisor = Supervisor(spec, [None] * args.workers)
     thread = threading.Thread(target=supervisor.run, name="bench-jobs-supervisor", daemon=True)
@@ -255,6 +257,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rstreamer bench jobs", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--items", type=int, default=50_000, help="items of the job (default 50000)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--priorities", default="8,1",
+                        help="the workers' priority levels; the job runs at the least urgent (default 8,1; "
+                             "'1': one level, the job and the calls share it)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-latency", type=float, default=0.01)
     parser.add_argument("--batch-ms", type=float, default=40.0, help="fixed time of a batch (default 40)")
