@@ -61,6 +61,21 @@ def group_process(command: list[str], log: IO[bytes], env: dict[str, str], cwd: 
         stop_group(process, grace, FORCED)
 
 
+def start_group(stack: contextlib.ExitStack, command: list[str], log: IO[bytes], env: dict[str, str],
+                cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """:func:`group_process` entered on ``stack``. A stop signal that lands between the fork and
+    the stack's taking it over would leave the group running: it is held until then."""
+    INTERRUPTS.holding = True
+    try:
+        process = stack.enter_context(group_process(command, log, env, cwd))
+    finally:
+        INTERRUPTS.holding = False
+    if INTERRUPTS.held:
+        INTERRUPTS.held = False
+        raise KeyboardInterrupt
+    return process
+
+
 def _script(name: str, module: str, function: str) -> list[str]:
     """A console script of this environment, or the same entry point through ``python -c``."""
     installed = Path(sys.executable).parent / name
@@ -311,16 +326,28 @@ class Interrupts:
     second Ctrl-C kills everything it started at once, and says so."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh state, for each run of the demo in one process (tests run several)."""
         self.stopping = False
+        self.holding = False  # a stop raises only once the process just started is owned by a stack
+        self.held = False
 
     def __call__(self, signum: int, frame: object) -> None:
         if not self.stopping:
             self.stopping = True
             os.write(2, b"\nrstreamer demo: stopping everything it started (Ctrl-C again to kill it all now)\n")
+            if self.holding:
+                self.held = True
+                return
             raise KeyboardInterrupt
         if signum == signal.SIGINT and not FORCED.is_set():
             FORCED.set()  # the stop under way sees it within 0.1 s; raising here would skip a cleanup step
             os.write(2, b"rstreamer demo: second Ctrl-C: killing everything now\n")
+
+
+INTERRUPTS = Interrupts()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -346,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("rstreamer-worker", path=str(Path(sys.executable).parent)) is None:
         print("rstreamer demo: rstreamer-worker is not installed here; running it through python -c")
     FORCED.clear()
-    interrupts = Interrupts()
-    previous = {signum: signal.signal(signum, interrupts) for signum in (signal.SIGTERM, signal.SIGINT)}
+    INTERRUPTS.reset()
+    previous = {signum: signal.signal(signum, INTERRUPTS) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         if args.generate:
             from .demo_generate import run as run_generate
@@ -376,14 +403,14 @@ def run(args: argparse.Namespace) -> int:
         env = _child_env(url, prefix)
         log = stack.enter_context((args.output / "stack.log").open("wb"))
         print(f"starting {args.workers} embedding workers (rstreamer-worker {MODEL}) and gunicorn at {base_url}")
-        workers = stack.enter_context(group_process(worker_command(args), log, env))
-        web = stack.enter_context(group_process(web_command(port, args.web_workers), log, env, cwd=_source_root()))
+        workers = start_group(stack, worker_command(args), log, env)
+        web = start_group(stack, web_command(port, args.web_workers), log, env, cwd=_source_root())
         wait_for_workers(client, keys, args.workers)
         wait_ready(base_url, [workers, web])
         if args.serve:
             dash_port = free_port()  # `rstreamer dashboard`: read-only, bound to 127.0.0.1
             dashboard = [*_script("rstreamer", "rstreamer.cli", "main"), "dashboard", "--port", str(dash_port)]
-            stack.enter_context(group_process(dashboard, log, env))  # its Redis: RSTREAMER_REDIS_URL in env
+            start_group(stack, dashboard, log, env)  # its Redis: RSTREAMER_REDIS_URL in env
             return serve(base_url, args.output / "stack.log", f"http://127.0.0.1:{dash_port}/")
         return drive(args, base_url, client, keys)
     return 1  # not reached; ExitStack does not swallow exceptions

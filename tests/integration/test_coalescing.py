@@ -82,7 +82,10 @@ def test_calls_that_time_out_before_or_after_their_enqueue_leave_no_reply_key(re
 
         with ThreadPoolExecutor(40) as pool:
             list(pool.map(call, range(40)))
-        assert max(late) < 0.5  # the first ENQUEUE was held back 0.3 s: some expired before being sent
+        # The first ENQUEUE was held back 0.3 s: some expired before being sent. Each call still
+        # ends near its own timeout, not the hold's or the client's 20 s default (the margin is for
+        # 40 threads on a loaded 2-core machine).
+        assert max(late) < 1.5
         assert not list(redis_client.scan_iter(match=f"*{prefix}*reply*"))
         streamer.redis.delete(streamer.keys.requests)
 

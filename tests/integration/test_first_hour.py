@@ -158,6 +158,19 @@ def test_a_redis_streamer_given_an_http_url_raises_config_error():
     assert issubclass(ConfigError, ValueError)  # code that caught ValueError still does
 
 
+def _describe(pids: list[int]) -> list[str]:
+    """``pid ppid command`` of each process, for a failure message."""
+    described = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
+            ppid = Path(f"/proc/{pid}/stat").read_text().split()[3]
+        except OSError:
+            continue
+        described.append(f"{pid} (parent {ppid}) {command}")
+    return described
+
+
 def _processes_with(marker: str) -> list[int]:
     """Pids of the live processes whose environment holds ``marker`` (what a command started)."""
     found = []
@@ -192,7 +205,10 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis
         assert demo.wait(timeout=10) == 130
         assert "second Ctrl-C: killing everything now" in err.read_text()
         # SIGKILLed children vanish when the kernel reaps them: seconds on a loaded machine
-        wait_until(lambda: not _processes_with(marker), timeout=20, what="every process of the demo gone")
+        try:
+            wait_until(lambda: not _processes_with(marker), timeout=20, what="every process of the demo gone")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; left: {_describe(_processes_with(marker))}") from None
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
