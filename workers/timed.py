@@ -24,10 +24,7 @@ class TimedEchoModel(ManagedModel):
 
 
 class TimedModel(ManagedModel):
-    """Echo with a batch cost of ``base_ms + per_item_ms * len(batch)`` milliseconds that, with
-    ``log``, appends one line per item it ran (the item and the epoch time its batch ended), so
-    that a benchmark (``rstreamer bench priority``) can count the model executions of each kind
-    of item, cancelled ones included."""
+    """Echo with a batch cost of ``base_ms + per_item_ms * len(batch)`` milliseconds."""
 
     def init_model(self, base_ms: float = 40.0, per_item_ms: float = 0.5, log: str | None = None) -> None:
         """``log``: a file to append one line per executed item to (None: no log)."""

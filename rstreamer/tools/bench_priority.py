@@ -24,13 +24,14 @@ import argparse
 import contextlib
 import itertools
 import json
+import multiprocessing
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,46 @@ class Flood:
             future.cancel()
 
 
+@dataclass(frozen=True)
+class FloodSpec:
+    """A flood to run in a process of its own (a bulk client is another program than the web
+    process: it must not take the interactive client's GIL)."""
+
+    url: str
+    prefix: str
+    rate: float
+    call_size: int
+    priority: int
+    tag: str
+    cancel_every: int = 0
+    tenant: str | None = None
+
+
+@dataclass
+class FloodResult:
+    """What a flood process reports: counts, and its cancelled items with those a worker held."""
+
+    priority: int
+    tenant: str | None
+    offered: int = 0
+    refused: int = 0
+    rate_limited: int = 0
+    cancelled: list[tuple[list[str], list[int]]] = field(default_factory=list)
+
+
+def run_flood(spec: FloodSpec, seconds: float) -> FloodResult:
+    """Run one flood for ``seconds`` (in a child process), withdraw what is still queued, report."""
+    from ..client import RedisStreamer
+
+    with RedisStreamer(spec.url, spec.prefix) as streamer:
+        flood = Flood(streamer, spec.rate, spec.call_size, spec.priority, spec.tag, spec.cancel_every, spec.tenant)
+        flood.run(seconds)
+        flood.withdraw()
+        time.sleep(0.3)  # the streamer's I/O threads finish the withdrawals before close() stops them
+        return FloodResult(spec.priority, spec.tenant, flood.offered, flood.refused, flood.rate_limited,
+                           [(items, sorted(future.held)) for future, items in flood.cancelled])
+
+
 # the fleet ------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -227,20 +268,26 @@ def fleet(url: str, prefix: str, config: Fleet, log: Path, args: argparse.Namesp
 
 # phases ---------------------------------------------------------------------------------------
 
-def run_phase(name: str, seconds: float, interactive: Sequence[Interactive], floods: Sequence[Flood],
-              log: Path, settle: Callable[[], None]) -> Phase:
-    """Run the generators side by side for ``seconds``; count what the model ran of this phase."""
+def run_phase(name: str, seconds: float, interactive: Sequence[Interactive], flood_specs: Sequence[FloodSpec],
+              log: Path, settle: Callable[[], None], pool: ProcessPoolExecutor) -> Phase:
+    """Run the generators side by side for ``seconds`` (floods in ``pool``'s processes); count
+    what the model ran of this phase."""
     phase = Phase(name, seconds)
-    generators: list[Interactive | Flood] = [*interactive, *floods]
-    runners = [threading.Thread(target=g.run, args=(seconds,), daemon=True) for g in generators]
+    started = time.time()
+    pending = [pool.submit(run_flood, spec, seconds) for spec in flood_specs]
+    runners = [threading.Thread(target=g.run, args=(seconds,), daemon=True) for g in interactive]
     for runner in runners:
         runner.start()
     for runner in runners:
         runner.join()
-    for flood in floods:
-        flood.withdraw()
+    floods = [future.result() for future in pending]
+    ended = time.time()
     settle()
-    executed = _executed(log, name)
+    runs = _executed(log, name)
+    executed = [item for item, _ in runs]
+    # Shares and rates over the phase's own window: the first and last half second, while the
+    # queues fill and are withdrawn, are left out.
+    window = [item for item, at in runs if started + 0.5 <= at <= ended - 0.5]
     phase.interactive_calls = sum(len(g.latencies) + g.failed for g in interactive if g.tenant != "flood")
     phase.interactive_failed = sum(g.failed for g in interactive)
     latencies = [x for g in interactive if g.tenant != "flood" for x in g.latencies]
@@ -248,28 +295,31 @@ def run_phase(name: str, seconds: float, interactive: Sequence[Interactive], flo
     if latencies:
         phase.interactive_p50_ms = (percentile(latencies, 0.5) or 0.0) * 1000
         phase.interactive_p99_ms = (percentile(latencies, 0.99) or 0.0) * 1000
-    kinds = Counter(item.split(":", 2)[1] for item in executed)
+    kinds = Counter(item.split(":", 2)[1] for item in window)
     total = sum(kinds.values()) or 1
+    measured = max(1e-3, ended - started - 1.0)
     phase.share = {kind: round(count / total, 4) for kind, count in sorted(kinds.items())}
-    phase.bulk_items_per_s = kinds.get("bulk", 0) / seconds
+    phase.bulk_items_per_s = kinds.get("bulk", 0) / measured
     phase.bulk_offered = sum(f.offered for f in floods if f.priority > 0)
     phase.bulk_refused_calls = sum(f.refused for f in floods if f.priority > 0)
     # Items a worker did not hold when their call was cancelled: deleted before any delivery.
-    cancelled = {item for f in floods for future, items in f.cancelled
-                 for index, item in enumerate(items) if index not in future.held}
-    phase.cancelled_held = sum(len(future.held) for f in floods for future, _ in f.cancelled)
+    cancelled = {item for f in floods for items, held in f.cancelled
+                 for index, item in enumerate(items) if index not in held}
+    phase.cancelled_held = sum(len(held) for f in floods for _, held in f.cancelled)
     phase.cancelled_items = len(cancelled)
     phase.cancelled_executed = len(cancelled & set(executed))
-    phase.rate_limited_calls = sum(g.rate_limited for g in generators if g.tenant == "flood")
-    phase.flood_tenant_items_per_s = kinds.get("tenant-flood", 0) / seconds
+    phase.rate_limited_calls = (sum(g.rate_limited for g in interactive if g.tenant == "flood")
+                                + sum(f.rate_limited for f in floods if f.tenant == "flood"))
+    phase.flood_tenant_items_per_s = kinds.get("tenant-flood", 0) / measured
     return phase
 
 
-def _executed(log: Path, phase: str) -> list[str]:
-    """The items of ``phase`` the model ran (tags ``phase:kind:n[:i]``), in order."""
+def _executed(log: Path, phase: str) -> list[tuple[str, float]]:
+    """The items of ``phase`` the model ran (tags ``phase:kind:n[:i]``) and when, in order."""
     if not log.exists():
         return []
-    return [line for line in log.read_text().splitlines() if line.startswith(phase + ":")]
+    rows = (line.rsplit(" ", 1) for line in log.read_text().splitlines() if line.startswith(phase + ":"))
+    return [(item, float(at)) for item, at in rows]
 
 
 def _settle(client: Any, keys: Any, levels: int, timeout: float = 30.0) -> Callable[[], None]:
@@ -305,24 +355,22 @@ def run(args: argparse.Namespace, url: str) -> tuple[Fleet, list[Phase]]:
             settle = _settle(client, urgent.keys, len(config.weights))
             _warm_up(urgent, bulk)
             say = lambda p: print(f"[bench priority] {_line(p)}", flush=True)
-            phases.append(run_phase("unloaded", seconds, [Interactive(urgent, interactive_rate, "unloaded:urgent")],
-                                    [], log, settle))
-            say(phases[-1])
-            phases.append(run_phase(
-                "flood", seconds, [Interactive(urgent, interactive_rate, "flood:urgent")],
-                [Flood(bulk, flood_rate, args.bulk_call, 1, "flood:bulk", cancel_every=5)], log, settle))
-            say(phases[-1])
-            phases.append(run_phase(
-                "saturated", seconds, [],
-                [Flood(urgent, flood_rate, args.bulk_call, 0, "saturated:urgent"),
-                 Flood(bulk, flood_rate, args.bulk_call, 1, "saturated:bulk")], log, settle))
-            say(phases[-1])
             quota = args.tenant_quota * config.capacity
-            phases.append(run_phase(
-                "tenants", seconds, [Interactive(urgent, interactive_rate, "tenants:steady", tenant="steady")],
-                [Flood(bulk, 3 * quota, max(1, args.bulk_call // 8), 0, "tenants:tenant-flood", tenant="flood")],
-                log, settle))
-            say(phases[-1])
+            plan: list[tuple[str, list[Interactive], list[FloodSpec]]] = [
+                ("unloaded", [Interactive(urgent, interactive_rate, "unloaded:urgent")], []),
+                ("flood", [Interactive(urgent, interactive_rate, "flood:urgent")],
+                 [FloodSpec(url, prefix, flood_rate, args.bulk_call, 1, "flood:bulk", cancel_every=5)]),
+                ("saturated", [], [FloodSpec(url, prefix, flood_rate, args.bulk_call, 0, "saturated:urgent"),
+                                   FloodSpec(url, prefix, flood_rate, args.bulk_call, 1, "saturated:bulk")]),
+                ("tenants", [Interactive(urgent, interactive_rate, "tenants:steady", tenant="steady")],
+                 [FloodSpec(url, prefix, 3 * quota, max(1, args.bulk_call // 8), 0, "tenants:tenant-flood",
+                            tenant="flood")]),
+            ]
+            with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+                list(pool.map(time.sleep, [0.0, 0.0]))  # both processes started before the first phase
+                for name, interactive, floods in plan:
+                    phases.append(run_phase(name, seconds, interactive, floods, log, settle, pool))
+                    say(phases[-1])
         finally:
             urgent.close()
             bulk.close()
