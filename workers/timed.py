@@ -24,7 +24,9 @@ class TimedEchoModel(ManagedModel):
 
 
 class TimedModel(ManagedModel):
-    """Echo with a batch cost of ``base_ms + per_item_ms * len(batch)`` milliseconds."""
+    """Echo with a batch cost of ``base_ms + per_item_ms * len(batch)`` milliseconds that, with
+    ``log``, appends one line per item it ran (the item and the epoch time its batch ended), so
+    that ``rstreamer bench priority`` counts the model executions of each kind of item."""
 
     def init_model(self, base_ms: float = 40.0, per_item_ms: float = 0.5, log: str | None = None) -> None:
         """``log``: a file to append one line per executed item to (None: no log)."""

@@ -5,7 +5,6 @@ import asyncio
 import time
 
 import pytest
-from support.web import web  # noqa: F401  (web is a fixture)
 
 from rstreamer import AsyncRedisStreamer, ConfigError, RateLimited, RedisStreamer
 from rstreamer.keys import Keys
