@@ -34,6 +34,7 @@ from .cancel import cancel_args
 from .connection import create_async_redis
 from .errors import BrokerUnavailable, DecodeError
 from .future import BaseFuture
+from .priority import Levels
 from .replies import decode_reply, undecodable
 from .settings import ClientSettings
 from .streams import AsyncChunkStream
@@ -122,7 +123,9 @@ class AsyncRedisStreamer:
         ttl = max(0.0, call.expires_at - time.monotonic())
         try:
             with call_errors(self.url):
-                await self._cancel_script(**cancel_args(self.keys, call.token, call.priority, entries, ttl, whole))
+                reply = await self._cancel_script(**cancel_args(self.keys, call.token, call.priority, entries, ttl,
+                                                                whole))
+            future.held.update(int(index) for index in reply[1:])
         except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
             logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
 
@@ -190,6 +193,12 @@ class AsyncRedisStreamer:
         (``async with astreamer.stream(item) as chunks:`` cancels at once, deterministically).
         """
         return AsyncChunkStream(self.redis, self.calls, item, timeout)
+
+    async def levels(self) -> Levels:
+        """The priority levels the workers of this prefix serve (one when none published any)."""
+        with call_errors(self.url):
+            raw = await self.redis.get(self.keys.levels)
+        return Levels.from_json(raw) if raw else Levels()
 
     async def aclose(self) -> None:
         """Stop waiting for answers and close the streamer's Redis connections."""

@@ -7,9 +7,12 @@ from typing import Any
 from .base import BaseStreamer
 from .calls import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, Call, CallFactory
 from .coalescer import Coalescer
-from .connection import create_redis
+from .connection import broker_errors, create_redis
 from .future import Future
 from .jobs import Job, JobClient
+from .levelsource import published_levels, published_quotas
+from .priority import Levels
+from .quotas import Quotas
 from .settings import ClientSettings
 from .streams import ChunkStream
 
@@ -94,6 +97,16 @@ class RedisStreamer(BaseStreamer):
     def job(self, job_id: str) -> Job:
         """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""
         return self.jobs.get(job_id)
+
+    def levels(self) -> Levels:
+        """The priority levels the workers of this prefix serve (one when none published any)."""
+        with broker_errors(self.url):
+            return published_levels(self.redis, self.keys)
+
+    def quotas(self) -> Quotas:
+        """The tenant quotas the workers of this prefix enforce (none when none published any)."""
+        with broker_errors(self.url):
+            return published_quotas(self.redis, self.keys)
 
     def close(self) -> None:
         """Refuse new calls, stop waiting for answers and close the connections."""

@@ -213,8 +213,9 @@ class Coalescer:
             ttl = max(0.0, ticket.expires_at - time.monotonic())
             try:
                 with call_errors(self._url):
-                    self._cancel(**cancel_args(self._calls.keys, ticket.token, ticket.future.call.priority, entries,
-                                               ttl, group_whole))
+                    reply = self._cancel(**cancel_args(self._calls.keys, ticket.token, ticket.future.call.priority,
+                                                       entries, ttl, group_whole))
+                ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
             except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
                 logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
 

@@ -22,6 +22,9 @@ class BaseFuture:
         self._outcomes: dict[int, Outcome[Any]] = {}
         self._error: BaseException | None = None
         self._cancelled = False
+        # Indexes of the items a worker already held when the call was withdrawn (they may have
+        # run); the others were deleted before any worker read them. Filled by the transport.
+        self.held: set[int] = set()
         self._cancel_callback: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self.answered_at: float | None = None

@@ -49,6 +49,12 @@ def published_levels(client: RedisClient, keys: Keys) -> Levels:
     return Levels.from_json(raw) if raw else Levels()
 
 
+def published_quotas(client: RedisClient, keys: Keys) -> Quotas:
+    """The tenant quotas the workers of ``keys`` published; none when none did."""
+    raw = client.get(keys.quotas)
+    return Quotas.from_json(raw) if raw else Quotas()
+
+
 def ensure_groups(client: RedisClient, keys: Keys, levels: int) -> None:
     """Create every level's stream and consumer group if missing (idempotent)."""
     for level in range(levels):

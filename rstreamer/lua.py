@@ -386,25 +386,25 @@ return 1
 # (XDEL: no worker will ever read it); one a worker holds is marked in the set, which the worker
 # checks before predict (and FINISH, with '*', before replying). One script, so an entry is
 # either deleted before any worker reads it or marked: never both, never neither.
-# Returns {entries deleted, entries marked}.
+# Returns {entries deleted, then the indexes of the entries marked (held by a worker)}.
 CANCEL = """
 local group, ttl, whole, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local deleted, marked = 0, 0
+local reply = {0}
 for i = 1, n do
   local id, index = ARGV[4 + i], ARGV[4 + n + i]
   local pending = redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
   if type(pending) == 'table' and pending[1] then
     redis.call('SADD', KEYS[1], index)
-    marked = marked + 1
+    reply[#reply + 1] = tonumber(index)
   else
-    deleted = deleted + redis.call('XDEL', KEYS[2], id)
+    reply[1] = reply[1] + redis.call('XDEL', KEYS[2], id)
   end
 end
-if marked > 0 then
+if #reply > 1 then
   if whole == '1' then redis.call('SADD', KEYS[1], '*') end
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
-return {deleted, marked}
+return reply
 """
 
 # KEYS[1] request stream. ARGV: group. Creates the stream and its group if missing.

@@ -24,7 +24,7 @@ from .levelsource import published_levels
 from .liveness import live_workers, read_workers
 from .priority import Levels
 
-_WORKER_COUNTERS = ("batches", "items", "errors", "expired", "reclaimed", "dead_lettered")
+_WORKER_COUNTERS = ("batches", "items", "errors", "expired", "reclaimed", "dead_lettered", "cancelled")
 
 
 @dataclass(frozen=True)

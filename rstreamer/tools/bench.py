@@ -860,8 +860,9 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost|jobs|stream] ...``: every transport side by side, the cost-batching
-    bench, the jobs bench, or the streaming bench (continuous against request-level batching)."""
+    """``rstreamer bench [cost|jobs|stream|priority] ...``: every transport side by side, the
+    cost-batching bench, the jobs bench, the streaming bench (continuous against request-level
+    batching), or the priority bench (levels, cancellation, tenant quotas)."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["cost"]:
         from .bench_cost import main as cost_main
@@ -876,6 +877,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench_stream import main as stream_main
 
         return stream_main(argv[1:])
+    if argv[:1] == ["priority"]:
+        from .bench_priority import main as priority_main
+
+        return priority_main(argv[1:])
     return _main(argv)
 
 

@@ -129,3 +129,15 @@ def test_a_cancelled_asyncio_task_withdraws_its_items(redis_client, redis_url, p
 
     assert asyncio.run(scenario()) == [10]
     assert executions(log) == [repr(BLOCKER), "5"]
+
+
+def test_a_cancelled_future_says_which_items_a_worker_held(redis_client, redis_url, prefix, recorder):
+    recorder()
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        running = streamer.submit([BLOCKER])
+        wait_until(lambda: pending(redis_client, prefix) == 1, what="the worker to hold the blocker")
+        queued = streamer.submit([2, 3])  # behind the blocker: a worker of batch 1 has not read it
+        assert running.cancel() and queued.cancel()
+        wait_until(lambda: running.held == {0}, what="the withdrawal of the held item")
+        wait_until(lambda: redis_client.xlen(Keys(prefix).requests) <= 1, what="the queued items deleted")
+        assert queued.held == set()

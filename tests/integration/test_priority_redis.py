@@ -34,6 +34,7 @@ def test_calls_at_every_served_level_are_answered_and_others_refused(redis_clien
     workers.start(prefix, settings=TWO_LEVELS)
     assert published_levels(redis_client, Keys(prefix)) == Levels((8, 1))
     with RedisStreamer(redis_url, prefix, timeout=10) as streamer:
+        assert streamer.levels() == Levels((8, 1)) and not streamer.quotas().enabled
         assert streamer.predict([1, 2], priority=1) == [2, 4]
         assert streamer.predict([3]) == [6]
         assert streamer.submit([4], priority=1).result() == [8]
@@ -45,6 +46,7 @@ def test_calls_at_every_served_level_are_answered_and_others_refused(redis_clien
 
     async def async_calls() -> list[list[int]]:
         async with AsyncRedisStreamer(redis_url, prefix, timeout=10) as streamer:
+            assert (await streamer.levels()).weights == (8, 1)
             with pytest.raises(InvalidPriority):
                 await streamer.predict([1], priority=3)
             return list(await asyncio.gather(*(streamer.predict([n], priority=n % 2) for n in range(10))))

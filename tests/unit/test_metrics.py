@@ -133,7 +133,8 @@ def test_worker_rows_keep_live_workers_only():
     assert state.queue_length == 3
     assert worker_rows(state, dead_after=2.0) == [{
         "name": "live", "host": "h", "pid": 1, "gpu": None, "last_seen_s": 0.5, "batches": 1, "items": 3,
-        "errors": 1, "expired": 0, "reclaimed": 0, "dead_lettered": 0, "pending": 2, "cost_cap": None}]
+        "errors": 1, "expired": 0, "reclaimed": 0, "dead_lettered": 0, "cancelled": 0, "pending": 2,
+        "cost_cap": None}]
 
 
 def test_tables():
