@@ -251,7 +251,8 @@ def fleet(url: str, prefix: str, config: Fleet, log: Path, args: argparse.Namesp
         priorities=",".join(map(str, config.weights)),
         # Each level's bound counts the more urgent levels too: room for both when both flood.
         level_max_queue=",".join(str(bound * (level + 1)) for level in range(len(config.weights))),
-        tenant_quotas=f"flood={args.tenant_quota * config.capacity:.1f}:{max(1, int(args.tenant_quota * config.capacity))}")
+        tenant_quotas=f"flood={args.tenant_quota * config.capacity:.1f}:"
+                      f"{max(1, int(args.tenant_quota * config.capacity))}")
     kwargs = {"base_ms": config.base_ms, "per_item_ms": config.per_item_ms, "log": str(log)}
     spec = WorkerSpec(MODEL, url, prefix, init_kwargs=kwargs, settings=settings, log_level="WARNING")
     supervisor = Supervisor(spec, [None] * config.workers)
@@ -355,7 +356,6 @@ def run(args: argparse.Namespace, url: str) -> tuple[Fleet, list[Phase]]:
         try:
             settle = _settle(client, urgent.keys, len(config.weights))
             _warm_up(urgent, bulk)
-            say = lambda p: print(f"[bench priority] {_line(p)}", flush=True)
             quota = args.tenant_quota * config.capacity
             plan: list[tuple[str, list[Interactive], list[FloodSpec]]] = [
                 ("unloaded", [Interactive(urgent, interactive_rate, "unloaded:urgent")], []),
@@ -371,7 +371,7 @@ def run(args: argparse.Namespace, url: str) -> tuple[Fleet, list[Phase]]:
                 list(pool.map(time.sleep, [0.0, 0.0]))  # both processes started before the first phase
                 for name, interactive, floods in plan:
                     phases.append(run_phase(name, seconds, interactive, floods, log, settle, pool))
-                    say(phases[-1])
+                    print(f"[bench priority] {_line(phases[-1])}", flush=True)
         finally:
             urgent.close()
             bulk.close()
@@ -407,7 +407,7 @@ def format_table(phases: Sequence[Phase]) -> str:
         str(p.rate_limited_calls),
     ) for p in phases]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows)
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
 
 
 def reference_points(config: Fleet, phases: Sequence[Phase]) -> list[dict[str, Any]]:
@@ -453,7 +453,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--bulk-call", type=int, default=32, help="items per bulk call")
     parser.add_argument("--queue-seconds", type=float, default=2.0,
                         help="each level's bound, in seconds of fleet capacity (level k: (k+1) times it)")
-    parser.add_argument("--tenant-quota", type=float, default=0.2, help="the flooding tenant's quota, share of capacity")
+    parser.add_argument("--tenant-quota", type=float, default=0.2,
+                        help="the flooding tenant's quota, share of capacity")
     parser.add_argument("--output", type=Path, default=Path("bench-output"))
     return parser.parse_args(argv)
 
@@ -464,7 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redis_url_or_embedded(lambda url: None) as url:
         config, phases = run(args, url)
     print(format_table(phases))
-    print(f"fleet: {config.workers} workers, batch {config.batch_size}, full batch {config.batch_seconds * 1000:.0f} ms, "
+    print(f"fleet: {config.workers} workers, batch {config.batch_size}, "
+          f"full batch {config.batch_seconds * 1000:.0f} ms, "
           f"capacity {config.capacity:,.0f} items/s, weights {','.join(map(str, config.weights))}")
     points = reference_points(config, phases)
     for point in points:

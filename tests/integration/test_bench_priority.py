@@ -23,6 +23,7 @@ def test_bench_priority_runs_every_phase_and_reports_the_reference_points(redis_
     assert phases["flood"]["cancelled_executed"] == 0, "an item cancelled before delivery ran"
     assert set(phases["saturated"]["share"]) == {"urgent", "bulk"}
     assert phases["tenants"]["rate_limited_calls"] > 0
-    assert [p["reference"] for p in report["reference_points"]][2] == "0 model executions of items cancelled before delivery"
+    references = [p["reference"] for p in report["reference_points"]]
+    assert references[2] == "0 model executions of items cancelled before delivery"
     out = capsys.readouterr().out
     assert "interactive p99 under flood" in out and "wrote" in out
