@@ -60,6 +60,15 @@ def parse_integer(minimum: int, maximum: int | None = None) -> Callable[[str], i
 
 def parse_seconds(text: str) -> float:
     """A duration in seconds, >= 0; its ValueError says what is wrong."""
+    return _non_negative(text)
+
+
+def parse_rate(text: str) -> float:
+    """A rate in items per second, >= 0; its ValueError says what is wrong."""
+    return _non_negative(text)
+
+
+def _non_negative(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -75,17 +84,6 @@ def parse_cost_model_name(text: str) -> str:
         return parse_cost_model(text.strip().lower()).value
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
-
-
-def parse_rate(text: str) -> float:
-    """A rate in items per second, >= 0; its ValueError says what is wrong."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"not a number: {text!r}") from None
-    if not value >= 0:  # also refuses NaN
-        raise ValueError(f"must be >= 0, got {value}")
-    return value
 
 
 def parse_priorities(text: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -389,19 +390,37 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
-def run(args: argparse.Namespace) -> int:
-    prefix = f"demo-{uuid.uuid4().hex[:8]}"
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """What a demo run's processes share: Redis (its URL and a client), the prefix, the
+    children's environment and their log."""
+
+    url: str
+    client: redis.Redis
+    keys: Keys
+    env: dict[str, str]
+    log: IO[bytes]
+
+
+def open_stack(stack: contextlib.ExitStack, prefix: str, log_path: Path) -> Stack:
+    """Redis (RSTREAMER_REDIS_URL, else an embedded one), a client, the log; the prefix's keys are
+    removed when ``stack`` closes."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    url = stack.enter_context(redis_url_or_embedded(lambda url: print(f"started an embedded Redis at {url}")))
+    client = redis.Redis.from_url(url)
+    stack.callback(client.close)
     keys = Keys(prefix)
+    stack.callback(_forget_prefix, client, keys)
+    log = stack.enter_context(log_path.open("wb"))
+    return Stack(url, client, keys, _child_env(url, prefix), log)
+
+
+def run(args: argparse.Namespace) -> int:
     port = args.port or free_port()
     base_url = f"http://127.0.0.1:{port}"
-    args.output.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(redis_url_or_embedded(lambda url: print(f"started an embedded Redis at {url}")))
-        client = redis.Redis.from_url(url)
-        stack.callback(client.close)
-        stack.callback(_forget_prefix, client, keys)
-        env = _child_env(url, prefix)
-        log = stack.enter_context((args.output / "stack.log").open("wb"))
+        shared = open_stack(stack, f"demo-{uuid.uuid4().hex[:8]}", args.output / "stack.log")
+        client, keys, env, log = shared.client, shared.keys, shared.env, shared.log
         print(f"starting {args.workers} embedding workers (rstreamer-worker {MODEL}) and gunicorn at {base_url}")
         workers = start_group(stack, worker_command(args), log, env)
         web = start_group(stack, web_command(port, args.web_workers), log, env, cwd=_source_root())

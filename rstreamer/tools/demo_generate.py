@@ -18,10 +18,7 @@ import threading
 import time
 import uuid
 
-import redis
-
-from ..embedded import free_port, redis_url_or_embedded
-from ..keys import Keys
+from ..embedded import free_port
 from . import demo
 
 MODEL = "workers.decoder:TinyDecoder"
@@ -35,25 +32,18 @@ def worker_command(max_active: int) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Start the stack, stream over HTTP, then concurrently through the client; 0 if every check held."""
-    prefix = f"demo-generate-{uuid.uuid4().hex[:8]}"
-    keys = Keys(prefix)
     port = args.port or free_port()
     base_url = f"http://127.0.0.1:{port}"
-    args.output.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(redis_url_or_embedded(lambda url: print(f"started an embedded Redis at {url}")))
-        client = redis.Redis.from_url(url)
-        stack.callback(client.close)
-        stack.callback(demo._forget_prefix, client, keys)
-        env = demo._child_env(url, prefix)
-        log = stack.enter_context((args.output / "stack-generate.log").open("wb"))
+        shared = demo.open_stack(stack, f"demo-generate-{uuid.uuid4().hex[:8]}", args.output / "stack-generate.log")
+        url, client, keys, env, log = shared.url, shared.client, shared.keys, shared.env, shared.log
         print(f"starting a decoder worker (rstreamer-worker {MODEL}) and gunicorn at {base_url}")
         worker = demo.start_group(stack, worker_command(args.batch_size), log, env)
         web = demo.start_group(stack, demo.web_command(port, 1), log, env, cwd=demo._source_root())
         demo.wait_for_workers(client, keys, 1)
         demo.wait_ready(base_url, [worker, web])
         text = stream_over_http(base_url)
-        return 0 if concurrent_streams(url, prefix, args.clients, text) else 1
+        return 0 if concurrent_streams(url, keys.prefix, args.clients, text) else 1
     return 1  # not reached; ExitStack does not swallow exceptions
 
 
