@@ -2,6 +2,7 @@
 and install instructions that work where rstreamer is not published on an index."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -15,8 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def dry_run(target: str, tmp_path: Path, *variables: str) -> str:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    done = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", *variables, target], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30, check=True)
+    # Under `make test` the environment carries MAKELEVEL/MAKEFLAGS: a sub-make would then print
+    # "Entering/Leaving directory" lines around the commands.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    done = subprocess.run(["make", "-n", "--no-print-directory", f"VENV={tmp_path / 'venv'}", *variables, target],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30, check=True, env=env)
     return done.stdout
 
 
