@@ -182,9 +182,37 @@ class ThreadedStreamer(_LocalStreamer):
             self._thread.join(timeout=self.timeout)
 
 
+class ResultPipe:
+    """Worker processes' messages to the parent: a pipe whose ``put`` writes before it returns.
+
+    ``multiprocessing.Queue.put`` hands the message to a feeder thread. In a child of a
+    gevent-patched parent (spawn re-runs the parent's main module, ``monkey.patch_all()``
+    included) that feeder is a greenlet, which runs only when the worker's loop yields to the
+    hub; a worker blocked on the inbox's lock never does, so its answers waited for seconds or
+    were never sent. Here the writer sends under a lock shared by the workers, with no helper
+    thread. One reader (the parent's collector) polls with a timeout, which gevent makes
+    cooperative in the parent.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self._reader, self._writer = context.Pipe(duplex=False)
+        self._write_lock = context.Lock()
+
+    def put(self, message: Any) -> None:
+        """Send ``message`` (pickled: local IPC, never Redis); blocks while the pipe is full."""
+        with self._write_lock:
+            self._writer.send(message)
+
+    def get(self, timeout: float) -> Any:
+        """The next message, waiting at most ``timeout`` s; raises ``queue.Empty`` if none came."""
+        if not self._reader.poll(timeout):
+            raise queue.Empty
+        return self._reader.recv()
+
+
 def _process_worker_main(
     model: ModelSpec, gpu_id: int | None, init_args: Any, init_kwargs: Any,
-    policy: BatchPolicy, inbox: Any, outbox: Any, slot: int, peers: int = 1, cost: CostFunction | None = None,
+    policy: BatchPolicy, inbox: Any, outbox: ResultPipe, slot: int, peers: int = 1, cost: CostFunction | None = None,
 ) -> None:
     pin_process_to(gpu_id)
     try:
@@ -240,7 +268,7 @@ class Streamer(_LocalStreamer):
         self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=budget)
         context = process_context(mp_start_method)
         self._inbox = context.Queue()
-        self._outbox = context.Queue()
+        self._outbox = ResultPipe(context)
         self._tasks = itertools.count()
         self._futures: dict[int, Future] = {}
         self._futures_lock = threading.Lock()
@@ -311,9 +339,9 @@ class Streamer(_LocalStreamer):
     def _collect(self) -> None:
         while True:
             try:
-                # A timed get waits in select(), which gevent's monkey-patching makes cooperative;
+                # A timed get waits in poll(), which gevent's monkey-patching makes cooperative;
                 # an untimed one blocks in read() and, under gevent, the whole process with it.
-                kind, slot, body = self._outbox.get(timeout=_IDLE_WAIT)
+                kind, slot, body = self._outbox.get(_IDLE_WAIT)
             except queue.Empty:
                 continue
             if kind == "results":

@@ -245,21 +245,14 @@ def test_a_gevent_app_with_a_multi_process_streamer_starts_and_answers(tmp_path)
         assert post(["cd"]) == ["cdcd"]
 
 
-GEVENT_DEFECT = pytest.mark.xfail(
-    strict=False, reason="known defect: in a gevent WSGIServer app, a call of 2 items to a multi-process Streamer "
-    "sometimes gets only 1 answer within its 20 s timeout (the app starts and answers 1-item calls; plain gevent "
-    "without the WSGI server answers); not yet root-caused, see the closing note of session 19")
-
-
-@GEVENT_DEFECT
 def test_flask_app_with_a_multi_process_streamer_under_gevent(tmp_path):
-    # service-streamer's example/flask_multigpu_example.py: before the fix, Streamer never
-    # finished constructing after monkey.patch_all(), so the server never listened.
+    # Spawned workers re-run the app's monkey.patch_all(); before the fix their answers went
+    # through a feeder greenlet that ran only when the worker yielded, so 2-item calls took
+    # 0.5-5 s and sometimes lost an answer (20 s timeout).
     with _gevent_app(tmp_path) as post:
         assert [post([f"x{i}", "y"]) for i in range(16)] == [[f"x{i}x{i}", "yy"] for i in range(16)]
 
 
-@GEVENT_DEFECT
 def test_concurrent_requests_to_a_gevent_app_with_a_multi_process_streamer(tmp_path):
     with _gevent_app(tmp_path) as post, ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: post([f"x{i}", "y"]), range(64)))
