@@ -65,6 +65,7 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "tenant_rate": WorkerSettings.tenant_rate,
     "tenant_burst": WorkerSettings.tenant_burst,
     "tenant_quotas": WorkerSettings.tenant_quotas,
+    "tenant_sharing": WorkerSettings.tenant_sharing,
     "model": None,
 }
 
@@ -73,7 +74,7 @@ WORKER_ENV = {dest: REDIS_URL_ENV if dest == "redis" else env_name(dest) for des
 
 # Options that are WorkerSettings fields: their text has the settings' own parser.
 SETTINGS_OPTIONS = ("batch_size", "max_latency", "max_batch_cost", "cost_model", "priorities", "level_max_queue",
-                    "tenant_rate", "tenant_burst", "tenant_quotas")
+                    "tenant_rate", "tenant_burst", "tenant_quotas", "tenant_sharing")
 
 
 # value parsers: shared by the command line and the environment -------------------------
@@ -183,6 +184,9 @@ def worker_parser() -> argparse.ArgumentParser:
                         help=_help("every tenant's bucket: most items at once (0: one second's worth)", "tenant_burst"))
     parser.add_argument("--tenant-quotas", type=p["tenant_quotas"], metavar="NAME=RATE:BURST,...",
                         help=_help("tenants with their own quota, e.g. acme=100:200,free=5:10", "tenant_quotas"))
+    parser.add_argument("--tenant-sharing", type=p["tenant_sharing"], choices=("fifo", "fair"),
+                        help=_help("how the tenants of one level share the workers: fifo (arrival order) or fair "
+                                   "(one item each in turn; docs/priority.md)", "tenant_sharing"))
     parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
                         help=_help("JSON array of init_model positional arguments", "init_args"))
     parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",

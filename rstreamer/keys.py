@@ -92,6 +92,14 @@ class Keys:
             raise ValueError(f"invalid priority level {level!r}")
         return self.requests if level == 0 else self._key("requests", str(level))
 
+    def level_keys(self, level: int) -> list[str]:
+        """The keys of one priority level, in the order the scripts take them: its request
+        stream, then the queue, entries and virtual clocks of its held items (fair sharing between
+        tenants, see docs/priority.md)."""
+        stream = self.requests_at(level)
+        held = self._key("held", str(level))
+        return [stream, held, held + ":items", held + ":clock"]
+
     @property
     def levels(self) -> str:
         """The priority levels the workers serve (JSON), for clients to check; has a TTL."""

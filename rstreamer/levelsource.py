@@ -1,7 +1,8 @@
 """Reading work from the priority levels of a prefix: one stream per level, one read across all.
 
-The worker's item source when it serves more than one level (``--priorities``); with one level
-it reads ``requests`` alone, as before levels existed. The policy (how many items each level
+The worker's item source when it serves more than one level (``--priorities``) or shares levels
+fairly between tenants (``--tenant-sharing fair``); otherwise it reads ``requests`` alone, as
+before levels existed. The policy (how many items each level
 gets) is :class:`rstreamer.priority.DeficitScheduler`; this module only talks to Redis.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ def publish_levels(client: RedisClient, keys: Keys, levels: Levels) -> None:
     levels existed (so a Redis ACL that gives it only its stream, heartbeats and dead letters
     still suffices).
     """
-    if levels.count > 1 or levels.max_queue != (0,):
+    if levels.count > 1 or levels.max_queue != (0,) or levels.fair:
         client.set(keys.levels, levels.to_json(), ex=LEVELS_TTL_S)
 
 
@@ -102,6 +103,7 @@ class LevelSource:
         self.levels = levels
         self.scheduler = DeficitScheduler(levels)
         self._streams = [keys.requests_at(level) for level in range(levels.count)]
+        self._level_keys = [key for level in range(levels.count) for key in keys.level_keys(level)]
         self._read = client.register_script(lua.READ_LEVELS)
         self._own_pending = client.register_script(lua.READ_OWN_PENDING)
         self._cursors: list[str | None] = ["-"] * levels.count
@@ -128,7 +130,8 @@ class LevelSource:
     def _read_levels(self, max_items: int) -> tuple[list[LevelEntry], list[bytes] | None]:
         quotas = self.scheduler.quotas(max_items)
         try:
-            reply = self._read(keys=self._streams, args=[self._keys.group, self._consumer, max_items, *quotas])
+            reply = self._read(keys=self._level_keys,
+                               args=[self._keys.group, self._consumer, max_items, int(self.levels.fair), *quotas])
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise

@@ -1,12 +1,69 @@
 """Every Lua script rstreamer runs, in one place."""
 from __future__ import annotations
 
+# Fair sharing between tenants of one level (``--tenant-sharing fair``; docs/priority.md).
+# Each level then has, beside its stream, a sorted set of held items (member: the item's id
+# 'token:index', score: its start tag in virtual time), a hash of their entries (member ->
+# msgpack {held at ms, {field, value, ...}}) and a hash of virtual clocks ('~': the tag of the
+# last item promoted; per tenant, '' for calls without one: the tag after its last item). This is
+# start-time fair queueing: a tenant's next item starts at max(clock, its own finish tag), so
+# every tenant with items waiting gets one item in turn, a newcomer goes next, and each tenant's
+# items keep their order. Items move to the stream, fairest first, when a worker reads the level
+# (READ_LEVELS) and, one, when a call arrives while the stream has nothing undelivered, which
+# wakes workers blocked on the stream.
+_FAIR_HELPERS = """
+-- Hold count items of one call; the three keys live until the latest held item's deadline has
+-- passed (ttl ms), so a prefix nobody serves any more forgets them.
+local function hold(queue, items, clock, tenant, token, first, fields_of, count, now_ms, ttl)
+  local start = math.max(tonumber(redis.call('HGET', clock, '~') or '0'),
+                         tonumber(redis.call('HGET', clock, tenant) or '0'))
+  for k = 0, count - 1 do
+    local id = token .. ':' .. (first + k)
+    redis.call('ZADD', queue, start + k, id)
+    redis.call('HSET', items, id, cmsgpack.pack({now_ms, fields_of(k)}))
+  end
+  redis.call('HSET', clock, tenant, start + count)
+  for _, key in ipairs({queue, items, clock}) do
+    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  end
+end
+-- Move up to count held items, fairest first, onto the stream; their remaining timeout shrinks
+-- by the time they were held (a version-2 entry counts it from its new id). Returns the count.
+local function promote(stream, queue, items, clock, count, now_ms)
+  local popped = redis.call('ZPOPMIN', queue, count)
+  for i = 1, #popped, 2 do
+    local record = redis.call('HGET', items, popped[i])
+    if record then
+      redis.call('HDEL', items, popped[i])
+      local held = cmsgpack.unpack(record)
+      local fields = held[2]
+      for f = 1, #fields, 2 do
+        if fields[f] == 'r' then fields[f + 1] = math.max(0, tonumber(fields[f + 1]) - (now_ms - held[1])) end
+      end
+      redis.call('XADD', stream, '*', unpack(fields))
+    end
+  end
+  -- Every tenant idle: the clocks start again (tags only order what waits).
+  if redis.call('EXISTS', queue) == 0 then redis.call('DEL', clock, items)
+  elseif #popped > 0 then redis.call('HSET', clock, '~', popped[#popped]) end
+  return #popped / 2
+end
+-- When the first held item was held (ms), or nil.
+local function held_since(queue, items)
+  local head = redis.call('ZRANGE', queue, 0, 0)
+  if not head[1] then return nil end
+  local record = redis.call('HGET', items, head[1])
+  return record and cmsgpack.unpack(record)[1]
+end
+"""
+
 # Admission and enqueue of the calls one client sends under one token (messages.enqueue_args
 # builds the arguments, messages.Admission reads the reply). KEYS[1] the levels the workers
 # published (JSON {weights, max_queue}; absent: one level, as before priority levels), KEYS[2]
 # the tenant quotas they published (JSON {rate, burst, tenants}; absent: no quotas), KEYS[3..2+t]
-# the token buckets of the t tenants the calls name, then the request streams of levels 0, 1, ...
-# up to the highest level among the calls.
+# the token buckets of the t tenants the calls name, then per level 0, 1, ... up to the highest
+# level among the calls its request stream, held-item queue, held items and virtual clocks (see
+# _FAIR_HELPERS; used when the levels say 'fair').
 # ARGV: max_queue (items, 0 = no limit), max_queue_bytes (0 = no limit), admit_wait_permille,
 # group, token, wire version, number of calls n, number of tenants t, then the t tenant names,
 # then n quintuples (item count, remaining timeout in ms, deadline on the client's wall clock in
@@ -28,27 +85,30 @@ from __future__ import annotations
 # Counting the more urgent levels' backlog is what makes Overloaded hit the least urgent level
 # first. A token bucket (tokens, ms of the last refill) refills at rate items/s
 # up to burst; a call takes one token per item, only once every other check has passed. Check
-# and add are one script, so concurrent callers cannot overshoot.
-ENQUEUE_CALLS = """
+# and add are one script, so concurrent callers cannot overshoot. With fair sharing the items
+# are held (their ids are then 'token:index') and the backlog counts held items too.
+ENQUEUE_CALLS = _FAIR_HELPERS + """
 local max_queue, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
 local permille, group, token, version = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local calls, tenants = tonumber(ARGV[7]), tonumber(ARGV[8])
-local streams = #KEYS - 2 - tenants
-local levels, bounds = 1, {}
+local streams = (#KEYS - 2 - tenants) / 4
+local function level_key(l, k) return KEYS[2 + tenants + 4 * (l - 1) + k] end
+local levels, bounds, fair = 1, {}, false
 local published = redis.call('GET', KEYS[1])
 if published then
   local config = cjson.decode(published)
   levels = #config['weights']
   bounds = config['max_queue'] or {}
+  fair = config['fair'] == true
 end
 local quotas = nil
 local published_quotas = redis.call('GET', KEYS[2])
 if published_quotas then quotas = cjson.decode(published_quotas) end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local backlog, age, queued_bytes = {}, {}, 0
+local backlog, undelivered, age, queued_bytes = {}, {}, {}, 0
 for l = 1, streams do
-  local stream = KEYS[2 + tenants + l]
+  local stream = level_key(l, 1)
   backlog[l], age[l] = 0, 0
   if redis.call('EXISTS', stream) == 1 then
     backlog[l] = redis.call('XLEN', stream)
@@ -66,6 +126,15 @@ for l = 1, streams do
       if head[1] then age[l] = math.max(0, now_ms - tonumber(string.match(head[1][1], '^(%d+)'))) end
     end
     if max_bytes > 0 then queued_bytes = queued_bytes + redis.call('MEMORY', 'USAGE', stream, 'SAMPLES', 0) end
+  end
+  undelivered[l] = backlog[l]
+  if fair then
+    backlog[l] = backlog[l] + redis.call('ZCARD', level_key(l, 2))
+    local since = held_since(level_key(l, 2), level_key(l, 3))
+    if since then age[l] = math.max(age[l], now_ms - since) end
+    if max_bytes > 0 and since then
+      queued_bytes = queued_bytes + redis.call('MEMORY', 'USAGE', level_key(l, 3), 'SAMPLES', 0)
+    end
   end
 end
 -- tenant number -> {rate, burst, tokens} (tokens refilled to now), read once per script
@@ -127,15 +196,22 @@ for c = 1, calls do
       redis.call('HSET', KEYS[2 + tenant], 'tokens', tostring(b.tokens), 'ms', now_ms)
       redis.call('PEXPIRE', KEYS[2 + tenant], math.ceil(b.burst * 1000 / b.rate) + 1000)
     end
-    local stream = KEYS[3 + tenants + level]
-    for k = 0, size - 1 do
-      if tp and tp ~= '' then
-        ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', version, 't', token, 'i', index + k, 'r', remaining,
-                                   'd', deadline, 'p', ARGV[payload + k], 'tp', tp)
-      else
-        ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', version, 't', token, 'i', index + k, 'r', remaining,
-                                   'd', deadline, 'p', ARGV[payload + k])
+    local stream = level_key(level + 1, 1)
+    local function fields_of(k)
+      local fields = {'v', version, 't', token, 'i', index + k, 'r', remaining, 'd', deadline, 'p', ARGV[payload + k]}
+      if tp and tp ~= '' then fields[13], fields[14] = 'tp', tp end
+      return fields
+    end
+    if fair then
+      local queue, items, clock = level_key(level + 1, 2), level_key(level + 1, 3), level_key(level + 1, 4)
+      hold(queue, items, clock, tenant > 0 and ARGV[8 + tenant] or '', token, index, fields_of, size, now_ms,
+           tonumber(remaining) + 60000)
+      for k = 0, size - 1 do ids[#ids + 1] = token .. ':' .. (index + k) end
+      if undelivered[level + 1] == 0 then
+        undelivered[level + 1] = promote(stream, queue, items, clock, 1, now_ms)
       end
+    else
+      for k = 0, size - 1 do ids[#ids + 1] = redis.call('XADD', stream, '*', unpack(fields_of(k))) end
     end
     backlog[level + 1] = backlog[level + 1] + size
     queued_bytes = queued_bytes + bytes
@@ -380,20 +456,32 @@ return 1
 """
 
 # KEYS[1] the token's cancellation set (keys.cancelled), KEYS[2] the request stream of the
-# call's priority level. ARGV: group, the set's TTL in ms, whole (1: no other call shares the
-# token, so its replies may be dropped whole), n, then n entry ids, then their n indexes.
+# call's priority level, KEYS[3] and KEYS[4] its held-item queue and held items. ARGV: group,
+# the set's TTL in ms, whole (1: no other call shares the token, so its replies may be dropped
+# whole), n, then n entry ids, then their n indexes.
 # Withdraws a caller's items (rstreamer.cancel): an entry not yet delivered to a worker is deleted
 # (XDEL: no worker will ever read it); one a worker holds is marked in the set, which the worker
 # checks before predict (and FINISH, with '*', before replying). One script, so an entry is
-# either deleted before any worker reads it or marked: never both, never neither.
+# either deleted before any worker reads it or marked: never both, never neither. A held item (id
+# 'token:index', fair sharing) still held is deleted; one already moved to the stream is marked
+# (its stream id is not known here), so a worker that reads it skips it.
 # Returns {entries deleted, then the indexes of the entries marked (held by a worker)}.
 CANCEL = """
 local group, ttl, whole, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local reply = {0}
 for i = 1, n do
   local id, index = ARGV[4 + i], ARGV[4 + n + i]
-  local pending = redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
-  if type(pending) == 'table' and pending[1] then
+  local held = not string.match(id, '^%d+%-%d+$')
+  local pending = not held and redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
+  if held then
+    if redis.call('ZREM', KEYS[3], id) == 1 then
+      redis.call('HDEL', KEYS[4], id)
+      reply[1] = reply[1] + 1
+    else
+      redis.call('SADD', KEYS[1], index)
+      reply[#reply + 1] = tonumber(index)
+    end
+  elseif type(pending) == 'table' and pending[1] then
     redis.call('SADD', KEYS[1], index)
     reply[#reply + 1] = tonumber(index)
   else
@@ -452,56 +540,66 @@ end
 return 0
 """
 
-# KEYS: the request streams of priority levels 0, 1, ... (rstreamer.levelsource.LevelSource).
-# ARGV: group, consumer, max_items, then per level its guaranteed quota (priority.DeficitScheduler).
+# KEYS: per priority level 0, 1, ... its request stream, held-item queue, held items and virtual
+# clocks (rstreamer.levelsource.LevelSource). ARGV: group, consumer, max_items, fair (1: promote
+# held items, see _FAIR_HELPERS), then per level its guaranteed quota (priority.DeficitScheduler).
 # One read of up to max_items entries in two passes: each level takes up to its quota, most
 # urgent first; then what is left goes to the most urgent levels that still have entries. Reads
-# with XREADGROUP '>' (new deliveries, id order: FIFO within a level). Returns per level
-# {taken in the first pass, taken in the second, 1 if a read of it came back short (it has no
-# more), newest entry id ('0-0' for none), entries {id, {field, value, ...}}...}; a blocked
+# with XREADGROUP '>' (new deliveries, id order: FIFO within a level; with fair sharing, each
+# read first moves as many held items as it asks for onto the stream, fairest first). Returns per
+# level {taken in the first pass, taken in the second, 1 if a read of it came back short (it has
+# no more), newest entry id ('0-0' for none), entries {id, {field, value, ...}}...}; a blocked
 # XREAD waits for an entry newer than those ids when nothing was read (no entry is missed between
 # the two). allow-oom: reading is how a full Redis drains.
-READ_LEVELS = """#!lua flags=allow-oom
-local group, consumer, left = ARGV[1], ARGV[2], tonumber(ARGV[3])
+READ_LEVELS = "#!lua flags=allow-oom\n" + _FAIR_HELPERS + """
+local group, consumer, left, fair = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+local levels = #KEYS / 4
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local out = {}
-for l = 1, #KEYS do out[l] = {0, 0, 0, '0-0'} end
+for l = 1, levels do out[l] = {0, 0, 0, '0-0'} end
 local function take(l, count, pass)
-  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', KEYS[l], '>')
+  local stream = KEYS[4 * l - 3]
+  if fair then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], count, now_ms) end
+  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', stream, '>')
   local entries = (reply and reply[1] and reply[1][2]) or {}
   for _, entry in ipairs(entries) do out[l][#out[l] + 1] = entry end
   out[l][pass] = out[l][pass] + #entries
   if #entries < count then out[l][3] = 1 end
   left = left - #entries
 end
-for l = 1, #KEYS do
-  local quota = math.min(tonumber(ARGV[3 + l]), left)
+for l = 1, levels do
+  local quota = math.min(tonumber(ARGV[4 + l]), left)
   if quota > 0 then take(l, quota, 1) end
 end
-for l = 1, #KEYS do
+for l = 1, levels do
   if left > 0 and out[l][3] == 0 then take(l, left, 2) end
 end
 if left == tonumber(ARGV[3]) then
-  for l = 1, #KEYS do
-    local newest = redis.call('XREVRANGE', KEYS[l], '+', '-', 'COUNT', 1)
+  for l = 1, levels do
+    local newest = redis.call('XREVRANGE', KEYS[4 * l - 3], '+', '-', 'COUNT', 1)
     if newest[1] then out[l][4] = newest[1][1] end
   end
 end
 return out
 """
 
-# KEYS: the request streams of priority levels 0, 1, ... ARGV: group.
+# KEYS: per priority level 0, 1, ... its request stream, held-item queue, held items and virtual
+# clocks (as READ_LEVELS). ARGV: group.
 # The server's time and, per level, {length, pending, ms of the oldest undelivered entry (-1 for
-# none)} in one script: one slot, one clock (the entry ids' and TIME's), so the waits it gives
-# agree with what the workers see (rstreamer status, the dashboard).
-QUEUE_DEPTHS = """
+# none), held items} in one script: one slot, one clock (the entry ids' and TIME's), so the waits
+# it gives agree with what the workers see (rstreamer status, the dashboard). Held items (fair
+# sharing) count in the length; their wait is that of the item next in line.
+QUEUE_DEPTHS = _FAIR_HELPERS + """
 local now = redis.call('TIME')
 local out = {now[1], now[2]}
-for l = 1, #KEYS do
+for l = 1, #KEYS / 4 do
+  local stream = KEYS[4 * l - 3]
   local length, pending, oldest = 0, 0, -1
-  if redis.call('EXISTS', KEYS[l]) == 1 then
-    length = redis.call('XLEN', KEYS[l])
+  if redis.call('EXISTS', stream) == 1 then
+    length = redis.call('XLEN', stream)
     local first = '-'
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[l])) do
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
       local info = {}
       for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
       if info['name'] == ARGV[1] then
@@ -510,11 +608,14 @@ for l = 1, #KEYS do
       end
     end
     if length > pending then
-      local head = redis.call('XRANGE', KEYS[l], first, '+', 'COUNT', 1)
+      local head = redis.call('XRANGE', stream, first, '+', 'COUNT', 1)
       if head[1] then oldest = tonumber(string.match(head[1][1], '^(%d+)')) end
     end
   end
-  out[#out + 1] = {length, pending, oldest}
+  local held = redis.call('ZCARD', KEYS[4 * l - 2])
+  local since = held_since(KEYS[4 * l - 2], KEYS[4 * l - 1])
+  if since and (oldest < 0 or since < oldest) then oldest = since end
+  out[#out + 1] = {length + held, pending, oldest, held}
 end
 return out
 """

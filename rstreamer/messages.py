@@ -184,10 +184,10 @@ def call_tenants(calls: Sequence[tuple[Any, ...]]) -> list[str]:
 
 def enqueue_keys(keys: Keys, priorities: Iterable[int], tenants: Sequence[str] = ()) -> list[str]:
     """KEYS of ENQUEUE_CALLS: the published levels and quotas, the buckets of ``tenants`` (see
-    :func:`call_tenants`), then the streams of levels 0 up to the highest of ``priorities`` (the
-    script counts the more urgent levels' backlog too)."""
+    :func:`call_tenants`), then the keys of levels 0 up to the highest of ``priorities`` (the
+    script counts the more urgent levels' backlog too; :meth:`Keys.level_keys`)."""
     return [keys.levels, keys.quotas, *(keys.bucket(tenant) for tenant in tenants),
-            *(keys.requests_at(level) for level in range(max(priorities, default=0) + 1))]
+            *(key for level in range(max(priorities, default=0) + 1) for key in keys.level_keys(level))]
 
 
 @dataclass(frozen=True)

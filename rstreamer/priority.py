@@ -31,11 +31,13 @@ class Levels:
     ``max_queue``: per level, how many undelivered items of that level and of the more urgent
     ones may wait before a call at that level is refused (0: the client's ``max_queue``).
     Counting the more urgent levels too is what makes ``Overloaded`` hit the least urgent level
-    first.
+    first. ``fair``: within each level, tenants share the workers fairly (one item each in turn,
+    lua._FAIR_HELPERS) instead of in arrival order.
     """
 
     weights: tuple[int, ...] = (1,)
     max_queue: tuple[int, ...] = ()
+    fair: bool = False
 
     def __post_init__(self) -> None:
         weights = tuple(self.weights)
@@ -54,10 +56,10 @@ class Levels:
         object.__setattr__(self, "max_queue", bounds)
 
     @classmethod
-    def parse(cls, priorities: str = "", level_max_queue: str = "") -> Levels:
+    def parse(cls, priorities: str = "", level_max_queue: str = "", fair: bool = False) -> Levels:
         """Levels from the ``--priorities`` and ``--level-max-queue`` settings, e.g. ``"8,1"`` and
         ``"0,5000"``; an empty ``priorities`` is one level."""
-        return cls(_integers("priorities", priorities) or (1,), _integers("level_max_queue", level_max_queue))
+        return cls(_integers("priorities", priorities) or (1,), _integers("level_max_queue", level_max_queue), fair)
 
     @property
     def count(self) -> int:
@@ -71,13 +73,13 @@ class Levels:
 
     def to_json(self) -> str:
         """What workers publish for clients (see :func:`rstreamer.levelsource.publish_levels`)."""
-        return json.dumps({"weights": list(self.weights), "max_queue": list(self.max_queue)})
+        return json.dumps({"weights": list(self.weights), "max_queue": list(self.max_queue), "fair": self.fair})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Levels:
         """The levels the workers published (:meth:`to_json`)."""
         data = json.loads(text)
-        return cls(tuple(data["weights"]), tuple(data.get("max_queue") or ()))
+        return cls(tuple(data["weights"]), tuple(data.get("max_queue") or ()), data.get("fair") is True)
 
 
 def _integers(name: str, text: str) -> tuple[int, ...]:

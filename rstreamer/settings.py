@@ -93,6 +93,17 @@ def parse_priorities(text: str) -> str:
     return text.strip()
 
 
+TENANT_SHARING = ("fifo", "fair")
+
+
+def parse_tenant_sharing(text: str) -> str:
+    """``fifo`` or ``fair`` (any case): how tenants of one level share the workers."""
+    value = text.strip().lower()
+    if value not in TENANT_SHARING:
+        raise ValueError(f"tenant sharing must be fifo or fair, got {text!r}")
+    return value
+
+
 def parse_level_max_queue(text: str) -> str:
     """Per-level queue bounds, e.g. ``0,5000``; whether they match the number of levels,
     WorkerSettings checks."""
@@ -192,7 +203,9 @@ class WorkerSettings(EnvSettings):
     the client's max_queue). See rstreamer.priority and docs/priority.md.
     tenant_rate, tenant_burst: every tenant's quota, items/s and bucket size (0: no quota; burst
     0: one second's worth); tenant_quotas: tenants with their own, ``acme=100:200,bob=5:10``
-    (rate:burst). See rstreamer.quotas.
+    (rate:burst). See rstreamer.quotas. tenant_sharing: ``fifo`` (items of a level run in
+    arrival order) or ``fair`` (tenants of a level take turns, one item each; calls without a
+    tenant count as one tenant; see docs/priority.md).
     """
 
     batch_size: int = _parsed(64, parse_integer(1))
@@ -216,6 +229,7 @@ class WorkerSettings(EnvSettings):
     tenant_rate: float = _parsed(0.0, parse_rate)
     tenant_burst: int = _parsed(0, parse_integer(0))
     tenant_quotas: str = _parsed("", parse_tenant_quotas)
+    tenant_sharing: str = _parsed("fifo", parse_tenant_sharing)
 
     def __post_init__(self) -> None:
         self.cost_budget()  # validates the cost settings
@@ -246,7 +260,7 @@ class WorkerSettings(EnvSettings):
 
     def levels(self) -> Levels:
         """The priority levels these settings describe."""
-        return Levels.parse(self.priorities, self.level_max_queue)
+        return Levels.parse(self.priorities, self.level_max_queue, parse_tenant_sharing(self.tenant_sharing) == "fair")
 
     def cost_budget(self) -> CostBudget:
         """The cost side of the batch policy these settings describe."""

@@ -30,13 +30,18 @@ _WORKER_COUNTERS = ("batches", "items", "errors", "expired", "reclaimed", "dead_
 @dataclass(frozen=True)
 class LevelDepth:
     """One priority level's stream at one instant: its entries, those delivered and not yet
-    acked, and when (server ms) its oldest undelivered entry was added (None: none waits)."""
+    acked, and when (server ms) its oldest undelivered entry was added (None: none waits).
+
+    ``held``: items held for fair sharing between tenants (see lua._FAIR_HELPERS), included in
+    ``stream_length``; ``oldest_ms`` then also covers the item next in line among them.
+    """
 
     level: int
     weight: int
     stream_length: int
     pending: int
     oldest_ms: int | None
+    held: int = 0
 
     @property
     def queue_length(self) -> int:
@@ -87,10 +92,11 @@ def take_snapshots(client: RedisClient, prefixes: list[str]) -> list[Snapshot]:
 
 def _depths(client: RedisClient, keys: Keys, levels: Levels) -> tuple[LevelDepth, ...]:
     script = client.register_script(lua.QUEUE_DEPTHS)
-    reply = script(keys=[keys.requests_at(level) for level in range(levels.count)], args=[keys.group])
+    reply = script(keys=[key for level in range(levels.count) for key in keys.level_keys(level)], args=[keys.group])
     rows = zip(levels.weights, reply[2:], strict=True)
-    return tuple(LevelDepth(level, weight, int(length), int(pending), None if int(oldest) < 0 else int(oldest))
-                 for level, (weight, (length, pending, oldest)) in enumerate(rows))
+    return tuple(LevelDepth(level, weight, int(length), int(pending), None if int(oldest) < 0 else int(oldest),
+                            int(held))
+                 for level, (weight, (length, pending, oldest, held)) in enumerate(rows))
 
 
 def _snapshot(prefix: str, heartbeats: tuple[int, dict[str, dict[str, Any]]], levels: tuple[LevelDepth, ...],
@@ -113,8 +119,9 @@ def _snapshot(prefix: str, heartbeats: tuple[int, dict[str, dict[str, Any]]], le
 
 
 def level_rows(snapshot: Snapshot) -> list[dict[str, Any]]:
-    """One object per priority level: weight, depth and the wait of its oldest undelivered entry (s)."""
-    return [{"level": d.level, "weight": d.weight, "queue_length": d.queue_length, "pending": d.pending,
+    """One object per priority level: weight, depth (held items included, and apart), pending and the
+    wait of its oldest undelivered entry (s)."""
+    return [{"level": d.level, "weight": d.weight, "queue_length": d.queue_length, "held": d.held, "pending": d.pending,
              "oldest_wait_s": round(max(0, snapshot.now_ms - d.oldest_ms) / 1000, 3) if d.oldest_ms else 0.0}
             for d in snapshot.levels]
 

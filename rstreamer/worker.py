@@ -213,8 +213,9 @@ class RedisWorker:
         self._redis = create_redis(self.url, socket_timeout=longest_block + 5.0)
         self.levels = self.settings.levels()
         self.quotas = self.settings.quotas()
+        plain = self.levels.count == 1 and not self.levels.fair
         self._source: SingleLevel | LevelSource = (
-            SingleLevel(StreamSource(self._redis, self.keys, self.name)) if self.levels.count == 1
+            SingleLevel(StreamSource(self._redis, self.keys, self.name)) if plain
             else LevelSource(self._redis, self.keys, self.name, self.levels))
         self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,

@@ -211,3 +211,14 @@ def test_priority_levels_live_on_their_prefix_s_slot_and_are_reclaimed(cluster, 
                what="the reclaimed level-1 entries to be acked")
     levels_row = json.loads(run_status(cluster.url, "--prefix", prefix, "--interval", "0"))["levels"]
     assert [(row["level"], row["weight"]) for row in levels_row] == [(0, 4), (1, 1)]
+
+
+def test_fair_sharing_between_tenants_works_on_a_cluster(cluster, client, prefix, cluster_workers):
+    keys = Keys(prefix)
+    assert {client.keyslot(k) for level in (0, 1) for k in keys.level_keys(level)} == {client.keyslot(keys.requests)}
+    cluster_workers.start(prefix, settings={"priorities": "4,1", "tenant_sharing": "fair"})
+    with RedisStreamer(cluster.url, prefix, timeout=40) as streamer:
+        wait_until(lambda: streamer.levels().fair, timeout=30, what="the workers to publish fair levels")
+        futures = [streamer.submit([n, n + 1], priority=n % 2, tenant=f"t{n % 3}") for n in range(12)]
+        assert [f.result(timeout=30) for f in futures] == [[2 * n, 2 * n + 2] for n in range(12)]
+    assert not client.exists(*keys.level_keys(0)[1:], *keys.level_keys(1)[1:]), "nothing left held"

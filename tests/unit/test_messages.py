@@ -305,14 +305,17 @@ def test_enqueue_args_carry_each_calls_remaining_timeout_and_wall_deadline():
                     1, 1000, 101000, 0, 1, b"a", b"b", b"c", b"d"]
 
 
-def test_enqueue_keys_are_the_levels_then_the_streams_up_to_the_highest_priority():
+def test_enqueue_keys_are_the_levels_then_the_level_keys_up_to_the_highest_priority():
     from rstreamer.keys import Keys
     from rstreamer.messages import enqueue_keys
 
     keys = Keys("p")
-    assert enqueue_keys(keys, [0, 0]) == [keys.levels, keys.quotas, keys.requests]
-    assert enqueue_keys(keys, [0, 2], ["a"]) == [keys.levels, keys.quotas, keys.bucket("a"), keys.requests,
-                                                 keys.requests_at(1), keys.requests_at(2)]
+    assert enqueue_keys(keys, [0, 0]) == [keys.levels, keys.quotas, *keys.level_keys(0)]
+    assert enqueue_keys(keys, [0, 2], ["a"]) == [keys.levels, keys.quotas, keys.bucket("a"), *keys.level_keys(0),
+                                                 *keys.level_keys(1), *keys.level_keys(2)]
+    # Every key of a level shares the prefix's hash tag (one Redis Cluster slot).
+    assert keys.level_keys(1) == ["rstreamer:{p}:requests:1", "rstreamer:{p}:held:1", "rstreamer:{p}:held:1:items",
+                                  "rstreamer:{p}:held:1:clock"]
 
 
 @pytest.mark.parametrize("verdict, priority, words", [
