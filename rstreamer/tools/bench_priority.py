@@ -2,7 +2,7 @@
 
 Two Redis workers serve a model with a real batch cost (``workers.timed:TimedModel``: a fixed
 cost per batch plus a small one per item, as a GPU behaves) on two priority levels (weights
-``--weights``, 8,1 by default). Four phases of ``--phase-seconds`` each:
+``--weights``, 8,1 by default). Six phases of ``--phase-seconds`` each (the sixth on a second fleet):
 
 1. **unloaded**: an interactive client sends single-item calls on level 0 at 5 % of the fleet's
    capacity; its latency is the baseline.
@@ -13,6 +13,9 @@ cost per batch plus a small one per item, as a GPU behaves) on two priority leve
    work than the fleet (the configured share is weight / sum of weights).
 4. **tenants**: on level 0, tenant ``flood`` sends at 3x its quota (20 % of capacity) while
    tenant ``steady`` sends at 5 % of capacity.
+5. **sharing**: on level 0, tenant ``hog`` (no quota) sends bulk calls at ``--hog-load`` times
+   capacity while tenant ``light`` sends single items at 5 % of capacity: once with the fleet's
+   tenants in arrival order (``fifo``), then on a second fleet with ``--tenant-sharing fair``.
 
 Between phases the bulk calls still queued are cancelled, so each phase starts empty. The model
 logs every item it runs, so shares, bulk items/s and the executions of cancelled items are
@@ -237,7 +240,8 @@ def run_flood(spec: FloodSpec, seconds: float) -> FloodResult:
 # the fleet ------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def fleet(url: str, prefix: str, config: Fleet, log: Path, args: argparse.Namespace) -> Iterator[None]:
+def fleet(url: str, prefix: str, config: Fleet, log: Path, args: argparse.Namespace,
+          sharing: str = "fifo") -> Iterator[None]:
     """Supervised worker processes serving ``prefix`` with the bench's levels and quotas."""
     from ..connection import create_redis
     from ..keys import Keys
@@ -252,7 +256,8 @@ def fleet(url: str, prefix: str, config: Fleet, log: Path, args: argparse.Namesp
         # Each level's bound counts the more urgent levels too: room for both when both flood.
         level_max_queue=",".join(str(bound * (level + 1)) for level in range(len(config.weights))),
         tenant_quotas=f"flood={args.tenant_quota * config.capacity:.1f}:"
-                      f"{max(1, int(args.tenant_quota * config.capacity))}")
+                      f"{max(1, int(args.tenant_quota * config.capacity))}",
+        tenant_sharing=sharing)
     kwargs = {"base_ms": config.base_ms, "per_item_ms": config.per_item_ms, "log": str(log)}
     spec = WorkerSpec(MODEL, url, prefix, init_kwargs=kwargs, settings=settings, log_level="WARNING")
     supervisor = Supervisor(spec, [None] * config.workers)
@@ -329,7 +334,8 @@ def _settle(client: Any, keys: Any, levels: int, timeout: float = 30.0) -> Calla
     def settle() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            lengths = [client.xlen(keys.requests_at(level)) for level in range(levels)]
+            lengths = [client.xlen(keys.requests_at(level)) + client.zcard(keys.level_keys(level)[1])
+                       for level in range(levels)]
             if not any(lengths):
                 return
             time.sleep(0.05)
@@ -337,46 +343,66 @@ def _settle(client: Any, keys: Any, levels: int, timeout: float = 30.0) -> Calla
 
 
 def run(args: argparse.Namespace, url: str) -> tuple[Fleet, list[Phase]]:
-    """Every phase against one fleet."""
+    """Every phase: the first five against one fleet, the fair-sharing one against a second."""
+    config = Fleet(args.workers, args.batch_size, args.base_ms, args.per_item_ms,
+                   tuple(int(w) for w in args.weights.split(",")))
+    interactive_rate = 0.05 * config.capacity
+    flood_rate = 10 * config.capacity
+    quota = args.tenant_quota * config.capacity
+
+    def sharing(name: str) -> Plan:
+        return lambda url, prefix, urgent: [
+            (name, [Interactive(urgent, interactive_rate, f"{name}:light", tenant="light")],
+             [FloodSpec(url, prefix, args.hog_load * config.capacity, args.bulk_call, 0, f"{name}:hog",
+                        tenant="hog")])]
+
+    def main_plan(url: str, prefix: str, urgent: Any) -> list[tuple[str, list[Interactive], list[FloodSpec]]]:
+        return [
+            ("unloaded", [Interactive(urgent, interactive_rate, "unloaded:urgent")], []),
+            ("flood", [Interactive(urgent, interactive_rate, "flood:urgent")],
+             [FloodSpec(url, prefix, flood_rate, args.bulk_call, 1, "flood:bulk", cancel_every=5)]),
+            ("saturated", [], [FloodSpec(url, prefix, flood_rate, args.bulk_call, 0, "saturated:urgent"),
+                               FloodSpec(url, prefix, flood_rate, args.bulk_call, 1, "saturated:bulk")]),
+            ("tenants", [Interactive(urgent, interactive_rate, "tenants:steady", tenant="steady")],
+             [FloodSpec(url, prefix, 3 * quota, max(1, args.bulk_call // 8), 0, "tenants:tenant-flood",
+                        tenant="flood")]),
+            *sharing("sharing-fifo")(url, prefix, urgent),
+        ]
+
+    phases = _run_fleet(args, url, config, "fifo", main_plan)
+    phases += _run_fleet(args, url, config, "fair", sharing("sharing-fair"))
+    return config, phases
+
+
+Plan = Callable[[str, str, Any], "list[tuple[str, list[Interactive], list[FloodSpec]]]"]
+
+
+def _run_fleet(args: argparse.Namespace, url: str, config: Fleet, sharing: str, plan: Plan) -> list[Phase]:
+    """The phases of ``plan`` (given the URL, the prefix and the interactive streamer), one after
+    the other, against one fleet whose tenants share each level by ``sharing``."""
     from ..client import RedisStreamer
     from ..connection import create_redis
 
-    config = Fleet(args.workers, args.batch_size, args.base_ms, args.per_item_ms,
-                   tuple(int(w) for w in args.weights.split(",")))
     prefix = f"bench-priority-{uuid.uuid4().hex[:8]}"
-    seconds = args.phase_seconds
-    interactive_rate = 0.05 * config.capacity
-    flood_rate = 10 * config.capacity
     phases: list[Phase] = []
     with tempfile.TemporaryDirectory(prefix="rstreamer-bench-priority-") as tmp, \
-            fleet(url, prefix, config, Path(tmp) / "runs.log", args):
+            fleet(url, prefix, config, Path(tmp) / "runs.log", args, sharing):
         log = Path(tmp) / "runs.log"
         client = create_redis(url)
         urgent, bulk = RedisStreamer(url, prefix), RedisStreamer(url, prefix)
         try:
             settle = _settle(client, urgent.keys, len(config.weights))
             _warm_up(urgent, bulk)
-            quota = args.tenant_quota * config.capacity
-            plan: list[tuple[str, list[Interactive], list[FloodSpec]]] = [
-                ("unloaded", [Interactive(urgent, interactive_rate, "unloaded:urgent")], []),
-                ("flood", [Interactive(urgent, interactive_rate, "flood:urgent")],
-                 [FloodSpec(url, prefix, flood_rate, args.bulk_call, 1, "flood:bulk", cancel_every=5)]),
-                ("saturated", [], [FloodSpec(url, prefix, flood_rate, args.bulk_call, 0, "saturated:urgent"),
-                                   FloodSpec(url, prefix, flood_rate, args.bulk_call, 1, "saturated:bulk")]),
-                ("tenants", [Interactive(urgent, interactive_rate, "tenants:steady", tenant="steady")],
-                 [FloodSpec(url, prefix, 3 * quota, max(1, args.bulk_call // 8), 0, "tenants:tenant-flood",
-                            tenant="flood")]),
-            ]
             with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
                 list(pool.map(time.sleep, [0.0, 0.0]))  # both processes started before the first phase
-                for name, interactive, floods in plan:
-                    phases.append(run_phase(name, seconds, interactive, floods, log, settle, pool))
+                for name, interactive, floods in plan(url, prefix, urgent):
+                    phases.append(run_phase(name, args.phase_seconds, interactive, floods, log, settle, pool))
                     print(f"[bench priority] {_line(phases[-1])}", flush=True)
         finally:
             urgent.close()
             bulk.close()
             client.close()
-    return config, phases
+    return phases
 
 
 def _warm_up(*streamers: Any) -> None:
@@ -414,7 +440,8 @@ def reference_points(config: Fleet, phases: Sequence[Phase]) -> list[dict[str, A
     """The reference points of docs/performance.md, each with what was measured and whether the
     run reached it."""
     by_name = {p.name: p for p in phases}
-    unloaded, flood, saturated, tenants = (by_name.get(n) for n in ("unloaded", "flood", "saturated", "tenants"))
+    unloaded, flood, saturated, tenants, fifo, fair = (by_name.get(n) for n in (
+        "unloaded", "flood", "saturated", "tenants", "sharing-fifo", "sharing-fair"))
     batch_ms = config.batch_seconds * 1000
     found: list[dict[str, Any]] = []
     if unloaded and flood and unloaded.interactive_p99_ms and flood.interactive_p99_ms:
@@ -437,13 +464,25 @@ def reference_points(config: Fleet, phases: Sequence[Phase]) -> list[dict[str, A
                       "measured": f"{tenants.rate_limited_calls} calls of 'flood' refused (429); 'steady' p99 "
                                   f"{tenants.interactive_p99_ms:.1f} ms (<= {bound:.1f} ms)",
                       "reached": tenants.rate_limited_calls > 0 and tenants.interactive_p99_ms <= bound})
+    if unloaded and fifo and fair:
+        found += _sharing_point(unloaded, fifo, fair, batch_ms)
     return found
+
+
+def _sharing_point(unloaded: Phase, fifo: Phase, fair: Phase, batch_ms: float) -> list[dict[str, Any]]:
+    if not (unloaded.interactive_p99_ms and fifo.interactive_p99_ms and fair.interactive_p99_ms):
+        return []
+    bound = unloaded.interactive_p99_ms + batch_ms
+    return [{"reference": "with fair sharing, a tenant of the level a hog floods keeps its p99",
+             "measured": f"'light' p99 {fair.interactive_p99_ms:.1f} ms fair (<= {bound:.1f} ms), "
+                         f"{fifo.interactive_p99_ms:.1f} ms in arrival order",
+             "reached": fair.interactive_p99_ms <= bound}]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line of ``rstreamer bench priority``."""
     parser = argparse.ArgumentParser(prog="rstreamer bench priority", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phase-seconds", type=float, default=12.0, help="seconds of load per phase (4 phases)")
+    parser.add_argument("--phase-seconds", type=float, default=12.0, help="seconds of load per phase (6 phases)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-latency", type=float, default=0.05)
@@ -455,12 +494,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="each level's bound, in seconds of fleet capacity (level k: (k+1) times it)")
     parser.add_argument("--tenant-quota", type=float, default=0.2,
                         help="the flooding tenant's quota, share of capacity")
+    parser.add_argument("--hog-load", type=float, default=1.1,
+                        help="the sharing phases' hog tenant, times capacity (above 1: its backlog grows; keep "
+                             "it under the level's bound within a phase, or both tenants are refused alike)")
     parser.add_argument("--output", type=Path, default=Path("bench-output"))
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the four phases; print the table and the reference points; write JSON."""
+    """Run the six phases; print the table and the reference points; write JSON."""
     args = parse_args(argv)
     with redis_url_or_embedded(lambda url: None) as url:
         config, phases = run(args, url)
