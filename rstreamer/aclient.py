@@ -35,6 +35,7 @@ from .connection import create_async_redis
 from .errors import BrokerUnavailable, DecodeError
 from .future import BaseFuture
 from .priority import Levels
+from .quotas import Quotas
 from .replies import decode_reply, undecodable
 from .settings import ClientSettings
 from .streams import AsyncChunkStream
@@ -185,20 +186,30 @@ class AsyncRedisStreamer:
         """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""
         return await self.jobs.get(job_id)
 
-    def stream(self, item: Any, timeout: float | None = None) -> AsyncChunkStream:
+    def stream(self, item: Any, timeout: float | None = None, *, priority: int = 0,
+               tenant: str | None = None) -> AsyncChunkStream:
         """The answer of ``item`` from a generative model, chunk by chunk:
-        ``async for chunk in astreamer.stream(item): ...`` (see ``RedisStreamer.stream``).
+        ``async for chunk in astreamer.stream(item): ...`` (see ``RedisStreamer.stream``;
+        ``priority`` and ``tenant`` as in :meth:`submit`).
 
-        The item is enqueued when the loop starts; leaving it early cancels the generation
-        (``async with astreamer.stream(item) as chunks:`` cancels at once, deterministically).
+        The item is enqueued when the loop starts (or the ``async with`` block is entered): the
+        enqueue's errors (Overloaded, InvalidPriority, RateLimited) are raised there. Leaving
+        the loop early cancels the generation (``async with astreamer.stream(item) as chunks:``
+        cancels at once, deterministically).
         """
-        return AsyncChunkStream(self.redis, self.calls, item, timeout)
+        return AsyncChunkStream(self.redis, self.calls, item, timeout, priority, tenant)
 
     async def levels(self) -> Levels:
         """The priority levels the workers of this prefix serve (one when none published any)."""
         with call_errors(self.url):
             raw = await self.redis.get(self.keys.levels)
         return Levels.from_json(raw) if raw else Levels()
+
+    async def quotas(self) -> Quotas:
+        """The tenant quotas the workers of this prefix enforce (none when none published any)."""
+        with call_errors(self.url):
+            raw = await self.redis.get(self.keys.quotas)
+        return Quotas.from_json(raw) if raw else Quotas()
 
     async def aclose(self) -> None:
         """Stop waiting for answers and close the streamer's Redis connections."""

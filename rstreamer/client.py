@@ -60,16 +60,19 @@ class RedisStreamer(BaseStreamer):
         # patient: the thread parks once, from enqueue to answer, not once for each.
         return self._submit(batch, timeout, priority, tenant, patient=True).result()
 
-    def stream(self, item: Any, timeout: float | None = None) -> ChunkStream:
+    def stream(self, item: Any, timeout: float | None = None, *, priority: int = 0,
+               tenant: str | None = None) -> ChunkStream:
         """The answer of ``item`` from a generative model, chunk by chunk, as the worker makes it.
 
         ``for chunk in streamer.stream(item, timeout=30): ...``; the end of the answer ends the
         loop, an error is raised where it happens, and leaving the loop early (or ``close()``)
-        cancels the generation on the worker. ``timeout`` bounds the whole answer. Raises
-        Overloaded or BrokerUnavailable when the item could not be enqueued. See
+        cancels the generation on the worker. ``timeout`` bounds the whole answer; ``priority``
+        and ``tenant`` are those of :meth:`submit`. The item is enqueued at once: raises
+        Overloaded or BrokerUnavailable when it could not be, InvalidPriority for a level the
+        workers do not serve and RateLimited when ``tenant`` is over its quota. See
         docs/streaming.md.
         """
-        return ChunkStream(self.redis, self.calls, item, timeout)
+        return ChunkStream(self.redis, self.calls, item, timeout, priority, tenant)
 
     def _submit(self, batch: list[Any], timeout: float | None, priority: int, tenant: str | None,
                 patient: bool) -> RedisFuture:

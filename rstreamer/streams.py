@@ -1,10 +1,13 @@
 """Streamed calls on the client side: ``for chunk in streamer.stream(item)`` and its async twin.
 
 A stream marks its call as streamed in the call's control key (with a TTL), enqueues its one
-item like any call (same admission: Overloaded when the queue is full), then pops the call's
-reply list: each message brings the next chunks (see :mod:`rstreamer.chunks`). Leaving early
-(``break``, ``close()``, the ``with`` block, an error in the caller's loop) marks the call
-cancelled, so the worker drops the sequence before its next step, and deletes what was pushed.
+item like any call (same admission: Overloaded when the queue is full, InvalidPriority for a
+level no worker serves, RateLimited over the tenant's quota; the item goes to its priority
+level's stream), then pops the call's reply list: each message brings the next chunks (see
+:mod:`rstreamer.chunks`). Leaving early (``break``, ``close()``, the ``with`` block, an error in
+the caller's loop) marks the call cancelled, so the worker drops the sequence before its next
+step, withdraws the item from its level's stream if no worker has read it yet (the CANCEL
+script of :mod:`rstreamer.cancel`), and deletes what was pushed.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import redis
 
 from . import lua
 from .calls import Call, CallFactory, ScriptArgs, blpop_block, call_errors, retry_pause
+from .cancel import cancel_args
 from .chunks import CANCELLED, STREAMED, ChunkReader
 from .connection import RedisClient
 from .errors import BrokerUnavailable, RStreamerError, StreamerTimeout
@@ -35,8 +39,9 @@ POP_COUNT = 256
 class _StreamState:
     """What the sync and async streams share: the call, its keys, the reader and the buffer."""
 
-    def __init__(self, calls: CallFactory, item: Any, timeout: float | None) -> None:
-        self.call: Call = calls.new_call([item], timeout)
+    def __init__(self, calls: CallFactory, item: Any, timeout: float | None, priority: int,
+                 tenant: str | None) -> None:
+        self.call: Call = calls.new_call([item], timeout, priority, tenant)
         self.calls = calls
         self.control_key = calls.keys.stream_control(self.call.token)
         self.reader = ChunkReader(calls.settings.max_item_bytes)
@@ -45,6 +50,7 @@ class _StreamState:
         self.started = False
         self.closed = False
         self.failures = 0
+        self.entry_id: bytes | None = None  # the item's entry in its level's stream, once enqueued
 
     @property
     def control_ttl_ms(self) -> int:
@@ -52,6 +58,20 @@ class _StreamState:
 
     def enqueue_args(self) -> ScriptArgs:
         return self.calls.enqueue_args(self.call)
+
+    def enqueued(self, reply: Any) -> None:
+        """Check the ENQUEUE_CALLS reply (raises when refused) and keep the item's entry id."""
+        admission = self.calls.check_enqueued(reply, self.call)
+        self.entry_id = admission.ids[0] if admission.ids else None
+
+    def withdraw_args(self) -> ScriptArgs | None:
+        """Arguments of the CANCEL script that withdraws the item from its level's stream, or
+        None when there is nothing to withdraw (the answer ended, or it was never enqueued)."""
+        if self.reader.done or self.entry_id is None:
+            return None
+        ttl = max(0.0, self.call.expires_at - time.monotonic())
+        return cancel_args(self.calls.keys, self.call.token, self.call.priority, [(self.entry_id, 0)], ttl,
+                           whole=True)
 
     def take(self, popped: Any) -> None:
         """The messages of one BLMPOP reply ``[key, [message, ...]]``, in order."""
@@ -97,9 +117,10 @@ class ChunkStream:
     on the worker if it has not ended.
     """
 
-    def __init__(self, client: RedisClient, calls: CallFactory, item: Any, timeout: float | None) -> None:
+    def __init__(self, client: RedisClient, calls: CallFactory, item: Any, timeout: float | None,
+                 priority: int = 0, tenant: str | None = None) -> None:
         self._redis = client
-        self._state = _StreamState(calls, item, timeout)
+        self._state = _StreamState(calls, item, timeout, priority, tenant)
         self._enqueue()
 
     def _enqueue(self) -> None:
@@ -109,7 +130,7 @@ class ChunkStream:
             self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
             script = self._redis.register_script(lua.ENQUEUE_CALLS)
             try:
-                state.calls.check_enqueued(script(**state.enqueue_args()), state.call)
+                state.enqueued(script(**state.enqueue_args()))
             except RStreamerError:
                 self._redis.delete(state.control_key)
                 raise
@@ -167,6 +188,9 @@ class ChunkStream:
                 pipe.delete(state.control_key)
             pipe.delete(state.call.reply_key)
             pipe.execute()
+            withdraw = state.withdraw_args()
+            if withdraw is not None:  # an item no worker has read yet is deleted, never started
+                self._redis.register_script(lua.CANCEL)(**withdraw)
 
     def __enter__(self) -> ChunkStream:
         return self
@@ -190,9 +214,9 @@ class AsyncChunkStream:
     """
 
     def __init__(self, client: AsyncRedis | AsyncRedisCluster, calls: CallFactory, item: Any,
-                 timeout: float | None) -> None:
+                 timeout: float | None, priority: int = 0, tenant: str | None = None) -> None:
         self._redis = client
-        self._state = _StreamState(calls, item, timeout)
+        self._state = _StreamState(calls, item, timeout, priority, tenant)
 
     async def _enqueue(self) -> None:
         state = self._state
@@ -200,7 +224,14 @@ class AsyncChunkStream:
             await self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
             script = self._redis.register_script(lua.ENQUEUE_CALLS)
             state.started = True  # from here, leaving cancels
-            state.calls.check_enqueued(await script(**state.enqueue_args()), state.call)
+            reply = await script(**state.enqueue_args())
+            try:
+                state.enqueued(reply)
+            except RStreamerError:  # refused: nothing was enqueued, so nothing to cancel
+                state.started = False
+                with contextlib.suppress(redis.RedisError):
+                    await self._redis.delete(state.control_key)
+                raise
 
     def __aiter__(self) -> AsyncChunkStream:
         return self
@@ -254,6 +285,9 @@ class AsyncChunkStream:
                 pipe.delete(state.control_key)
             pipe.delete(state.call.reply_key)
             await pipe.execute()
+            withdraw = state.withdraw_args()
+            if withdraw is not None:  # an item no worker has read yet is deleted, never started
+                await self._redis.register_script(lua.CANCEL)(**withdraw)
 
     async def __aenter__(self) -> AsyncChunkStream:
         if not self._state.started:

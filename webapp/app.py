@@ -192,9 +192,9 @@ def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_wor
 def _generate(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> Response:
     # Enqueued before the response starts, so a refused call gets its status (400, 503).
     try:
-        item, timeout = sse.parse_generate(req.content_type, _body(req, config))
+        call = sse.parse_generate(req.content_type, _body(req, config), req.headers)
         check_workers()
-        stream = streamer.stream(item, timeout)
+        stream = streamer.stream(call.item, call.timeout, priority=call.priority, tenant=call.tenant)
     except Exception as exc:
         status, body, headers = protocol.error_reply(exc)
         metrics.count_response("/generate", status)

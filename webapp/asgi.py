@@ -65,9 +65,10 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         # Enqueued before the response starts, so a refused call gets its status (400, 503).
         try:
             body = await _read_body(request, config.max_body)
-            item, timeout = sse.parse_generate(request.headers.get("content-type"), body)
+            call = sse.parse_generate(request.headers.get("content-type"), body, request.headers)
             await _check_workers(request.app.state, keys)
-            stream = request.app.state.streamer.stream(item, timeout)
+            stream = request.app.state.streamer.stream(call.item, call.timeout, priority=call.priority,
+                                                       tenant=call.tenant)
             await stream.__aenter__()
         except Exception as exc:
             status, body, headers = protocol.error_reply(exc)

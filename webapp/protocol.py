@@ -79,8 +79,15 @@ def parse_call(content_type: str | None, body: bytes, headers: RequestHeaders) -
     (none: no quota)."""
     document = _json_document(body) if _is_json(content_type) else {}
     inputs = _inputs_of(document) if _is_json(content_type) else parse_inputs(content_type, body)
-    priority = _priority(document.get("priority"), headers.get(PRIORITY_HEADER))
-    return CallRequest(inputs, priority, _tenant(headers.get(TENANT_HEADER)))
+    return CallRequest(inputs, *call_options(document.get("priority"), headers))
+
+
+def call_options(in_body: Any, headers: RequestHeaders) -> tuple[int, str | None]:
+    """The priority level and tenant of a call (``/predict`` and ``/generate`` alike): the level
+    from ``in_body`` (the body's ``"priority"``, None when absent) or the ``X-Priority`` header,
+    0 by default, both given must agree; the tenant from ``X-Tenant`` (None: no quota).
+    HTTPError 400 says what is wrong."""
+    return _priority(in_body, headers.get(PRIORITY_HEADER)), _tenant(headers.get(TENANT_HEADER))
 
 
 def _tenant(value: str | None) -> str | None:

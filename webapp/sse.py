@@ -1,7 +1,8 @@
 """``POST /generate``: one item's answer streamed as Server-Sent Events, for both apps.
 
 The body is JSON ``{"input": item}`` (and optionally ``"timeout": seconds``, which bounds the
-whole answer). A refused request (bad body, full queue, Redis away, no live worker) is a JSON
+whole answer, and ``"priority": level``; the ``X-Priority`` and ``X-Tenant`` headers as for
+``/predict``). A refused request (bad body, full queue, Redis away, no live worker) is a JSON
 error with its status, as for ``/predict``; once the stream has started, every chunk is an event::
 
     event: chunk       data: <the chunk, JSON>
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rstreamer import Restarted
@@ -27,8 +29,20 @@ SSE = "text/event-stream"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy may buffer the events
 
 
-def parse_generate(content_type: str | None, body: bytes) -> tuple[Any, float | None]:
-    """The item and timeout of a ``/generate`` body; HTTPError 400 says what is wrong."""
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What a ``/generate`` request asks for: its item, the timeout of the whole answer, and how
+    to queue it (as for ``/predict``: ``"priority"`` or ``X-Priority``, ``X-Tenant``)."""
+
+    item: Any
+    timeout: float | None = None
+    priority: int = 0
+    tenant: str | None = None
+
+
+def parse_generate(content_type: str | None, body: bytes, headers: protocol.RequestHeaders) -> GenerateRequest:
+    """The item, timeout, priority and tenant of a ``/generate`` request; HTTPError 400 says
+    what is wrong."""
     mimetype = (content_type or "").split(";", 1)[0].strip().lower()
     if mimetype != protocol.JSON and not mimetype.endswith("+json"):
         raise protocol.bad_request(f'send {protocol.JSON} {{"input": ...}}, not {mimetype or "no type"}')
@@ -41,7 +55,7 @@ def parse_generate(content_type: str | None, body: bytes) -> tuple[Any, float | 
     timeout = document.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise protocol.bad_request(f'"timeout" must be a number of seconds > 0, got {timeout!r}')
-    return document["input"], timeout
+    return GenerateRequest(document["input"], timeout, *protocol.call_options(document.get("priority"), headers))
 
 
 def event(name: str, data: Any) -> bytes:
