@@ -236,25 +236,26 @@ class _Held(Generic[T]):
     arrived: float = field(compare=False)
     item: T = field(compare=False)
     level: int = field(default=0, compare=False)
-    batch: int = field(default=0, compare=False)  # batches taken from the window before it came
+    overtaken: int = field(default=0, compare=False)  # batches led by a more urgent item that went without it
 
 
 class CostWindow(Generic[T]):
     """Items a consumer holds, kept sorted by cost; each batch is a run around a lead item.
 
     ``urgency`` gives an item's priority level (0: most urgent; None: every item is level 0).
-    The lead of a batch is the oldest item of the most urgent level held, except that the
-    oldest held item leads, whatever its level, once ``patience`` batches were taken without
-    it (:class:`rstreamer.batching.Batcher` passes the policy's ``lookahead``). So an urgent
-    item never waits behind held bulk items, and no held item waits for ever: once it has seen
-    ``patience`` batches go by, so has every item older than it, and from then on every batch
-    runs the oldest one. Without levels the lead is always the oldest item, as it always was.
+    The lead of a batch is the oldest item of the most urgent level held, except that an item
+    that ``patience`` batches led by more urgent items have passed over leads, whatever its
+    level (the oldest such item first; :class:`rstreamer.batching.Batcher` passes the policy's
+    ``lookahead``). So an urgent item does not wait behind held bulk items, and no held item
+    waits for ever: after at most ``patience`` such batches it leads as soon as no item older
+    than it does, so it runs within ``patience`` + (items held before it) batches. Without
+    levels nothing is ever passed over by a more urgent item and the lead is always the oldest
+    item, as it always was.
     """
 
     def __init__(self, urgency: Callable[[T], int] | None = None, patience: int = 4) -> None:
         self._held: list[_Held[T]] = []  # sorted by (cost, arrival order)
         self._seq = itertools.count()
-        self._batches = 0  # batches taken so far
         self.urgency = urgency
         self.patience = patience
 
@@ -265,19 +266,20 @@ class CostWindow(Generic[T]):
         """Hold ``items`` (with their ``costs``), which arrived at ``now``."""
         for item, cost in zip(items, costs, strict=True):
             level = self.urgency(item) if self.urgency is not None else 0
-            bisect.insort(self._held, _Held(cost, next(self._seq), now, item, level, self._batches))
+            bisect.insort(self._held, _Held(cost, next(self._seq), now, item, level))
 
     def oldest_age(self, now: float) -> float:
         """Seconds the oldest held item has waited (0 when empty)."""
         return now - min(held.arrived for held in self._held) if self._held else 0.0
 
     def lead(self) -> int:
-        """Position (in cost order) of the next batch's lead: the oldest item once it has seen
-        ``patience`` batches go by without it, else the oldest item of the most urgent level."""
+        """Position (in cost order) of the next batch's lead: the oldest of the items that
+        ``patience`` batches led by more urgent items passed over, else the oldest item of the
+        most urgent level."""
         held = self._held
-        oldest = min(range(len(held)), key=lambda i: held[i].seq)
-        if self._batches - held[oldest].batch >= self.patience:
-            return oldest
+        overdue = [i for i, item in enumerate(held) if item.overtaken >= self.patience]
+        if overdue:
+            return min(overdue, key=lambda i: held[i].seq)
         return min(range(len(held)), key=lambda i: (held[i].level, held[i].seq))
 
     def next_run(self, batch_size: int, budget: int | None, model: CostModel,
@@ -345,7 +347,10 @@ class CostWindow(Generic[T]):
         """Remove and return the next batch's items and their costs (in cost order)."""
         chosen = self.next_run(batch_size, budget, model, max_padding)
         run = [self._held[i] for i in chosen]
+        urgency = self._held[self.lead()].level
         taken = set(chosen)
         self._held = [held for i, held in enumerate(self._held) if i not in taken]
-        self._batches += 1
+        for held in self._held:
+            if held.level > urgency:
+                held.overtaken += 1
         return [held.item for held in run], [held.cost for held in run]
