@@ -160,8 +160,8 @@ def collect_costed_batch(
     """Gather one batch by cost; its items and their costs (empty if nothing arrived in time).
 
     The consumer holds up to ``lookahead`` x ``batch_size`` items in ``window`` and runs a lead
-    item (the oldest of the most urgent level held, or the oldest held once it has waited
-    through the window's ``patience`` batches: see :class:`rstreamer.costing.CostWindow`) with
+    item (the oldest of the most urgent level held, or an item that more urgent leads passed
+    over the window's ``patience`` times: see :class:`rstreamer.costing.CostWindow`) with
     its nearest neighbours in cost, most urgent first, up to ``batch_size`` items and ``budget``
     (see :mod:`rstreamer.costing`): ``max_batch_cost``, lowered by ``cap`` when out-of-memory
     errors taught one. Adaptive: as soon as the source is momentarily empty; otherwise the
@@ -202,10 +202,10 @@ class Batcher(Generic[T]):
 
     ``urgency`` gives an item's priority level (0: most urgent; None: no levels, as for the
     local streamers). A costed batch is then built around the oldest item of the most urgent
-    level held, and fills from that level first; but once the oldest held item has seen
-    ``lookahead`` batches go by without it, it leads the next batch whatever its level, so the
-    share of the items that the read scheduler gave a less urgent level still reaches the model
-    (see :class:`rstreamer.costing.CostWindow`). Count batches keep the order of the reads,
+    level held, and fills from that level first; but an item that ``lookahead`` batches led by
+    more urgent items passed over leads the next batch whatever its level, so the share of the
+    items that the read scheduler gave a less urgent level still reaches the model (see
+    :class:`rstreamer.costing.CostWindow`). Count batches keep the order of the reads,
     which already put the urgent items first.
     """
 

@@ -9,10 +9,10 @@ decoded, in the worker. So a worker reads a bounded window of items (``lookahead
 ``batch_size``) and forms each batch as the run of items closest in cost to a *lead* item: the
 **oldest** one of the most urgent priority level held (level 0 first; without levels, simply the
 oldest). Its neighbours in cost fill the batch, from the lead's level first, so a short item
-rarely pays for a long one's padding and an urgent item never waits behind held bulk items. Age
-still beats fit and urgency: once the oldest held item has seen ``lookahead`` batches go by
-without it, it leads the next batch whatever its level or cost, so no cost class and no level
-starves (see :class:`CostWindow`). Items read but not yet run stay in the worker's pending list,
+rarely pays for a long one's padding and an urgent item does not wait behind held bulk items.
+Age still beats fit: within a level the oldest item leads, so no cost class starves; and an item
+that ``lookahead`` batches led by more urgent items passed over leads, whatever its level, so no
+level starves either (see :class:`CostWindow`). Items read but not yet run stay in the worker's pending list,
 so a crash loses none of them.
 """
 from __future__ import annotations
@@ -246,11 +246,12 @@ class CostWindow(Generic[T]):
     The lead of a batch is the oldest item of the most urgent level held, except that an item
     that ``patience`` batches led by more urgent items have passed over leads, whatever its
     level (the oldest such item first; :class:`rstreamer.batching.Batcher` passes the policy's
-    ``lookahead``). So an urgent item does not wait behind held bulk items, and no held item
-    waits for ever: after at most ``patience`` such batches it leads as soon as no item older
-    than it does, so it runs within ``patience`` + (items held before it) batches. Without
-    levels nothing is ever passed over by a more urgent item and the lead is always the oldest
-    item, as it always was.
+    ``lookahead``). So an urgent item does not wait behind held bulk items, at most one aged
+    item per batch takes the lead from it, and no held item waits for ever: more urgent items
+    pass it over at most ``patience`` times, then it leads as soon as the aged items older than
+    it have. With two levels, a less urgent item leaves the window at the latest ``patience`` +
+    (items held before it) batches after it came. Without levels nothing is ever passed over by
+    a more urgent item and the lead is always the oldest item, as it always was.
     """
 
     def __init__(self, urgency: Callable[[T], int] | None = None, patience: int = 4) -> None:
