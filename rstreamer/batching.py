@@ -159,8 +159,10 @@ def collect_costed_batch(
 ) -> tuple[list[T], list[int]]:
     """Gather one batch by cost; its items and their costs (empty if nothing arrived in time).
 
-    The consumer holds up to ``lookahead`` x ``batch_size`` items in ``window`` and runs the
-    oldest one with its nearest neighbours in cost, up to ``batch_size`` items and ``budget``
+    The consumer holds up to ``lookahead`` x ``batch_size`` items in ``window`` and runs a lead
+    item (the oldest of the most urgent level held, or an item that more urgent leads passed
+    over the window's ``patience`` times: see :class:`rstreamer.costing.CostWindow`) with
+    its nearest neighbours in cost, most urgent first, up to ``batch_size`` items and ``budget``
     (see :mod:`rstreamer.costing`): ``max_batch_cost``, lowered by ``cap`` when out-of-memory
     errors taught one. Adaptive: as soon as the source is momentarily empty; otherwise the
     batch waits until it is full or its oldest item is ``max_latency`` old.
@@ -197,15 +199,28 @@ class Batcher(Generic[T]):
     ``cost`` gives an item's cost (None: every item costs 1). Batches are by count, as
     :func:`collect_batch` makes them, until a cost function, a ``max_batch_cost`` or an
     out-of-memory error calls for :func:`collect_costed_batch`.
+
+    ``urgency`` gives an item's priority level (0: most urgent; None: no levels, as for the
+    local streamers). A costed batch is then built around the oldest item of the most urgent
+    level held, and fills from that level first; but an item that ``lookahead`` batches led by
+    more urgent items passed over leads the next batch whatever its level, so the share of the
+    items that the read scheduler gave a less urgent level still reaches the model (see
+    :class:`rstreamer.costing.CostWindow`). Count batches keep the order of the reads,
+    which already put the urgent items first.
     """
 
     def __init__(self, policy: BatchPolicy, cost: Callable[[T], int] | None = None,
-                 oom: OomGuard | None = None, peers: int = 1) -> None:
+                 oom: OomGuard | None = None, peers: int = 1,
+                 urgency: Callable[[T], int] | None = None) -> None:
         self.policy = policy
         self.hint = BatchHint(peers=peers)
         self.cost = cost
+        self.urgency = urgency
         self.oom = oom if oom is not None else OomGuard(cost_model=policy.cost.cost_model)
-        self.window: CostWindow[T] = CostWindow()
+        self.window: CostWindow[T] = self._new_window()
+
+    def _new_window(self) -> CostWindow[T]:
+        return CostWindow(self.urgency, patience=self.policy.cost.lookahead)
 
     @property
     def costed(self) -> bool:
@@ -222,7 +237,7 @@ class Batcher(Generic[T]):
 
     def drop_held(self) -> None:
         """Forget the held items (their source serves them again, e.g. after a failed reply)."""
-        self.window = CostWindow()
+        self.window = self._new_window()
 
     def next_batch(self, source: ItemSource[T], first_wait: float,
                    clock: Callable[[], float] = time.monotonic) -> tuple[list[T], list[int]]:

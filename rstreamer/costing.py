@@ -6,14 +6,19 @@ Pure policy, used by :func:`rstreamer.batching.collect_costed_batch`; no threads
 Why a look-ahead window rather than one stream per cost class: the cost of an item is the
 *model's* judgement (``ManagedModel.cost``, e.g. its token count), known only where the item is
 decoded, in the worker. So a worker reads a bounded window of items (``lookahead`` x
-``batch_size``) and forms each batch as the run of items closest in cost to the **oldest** one.
-The oldest item is in every batch, so no cost class starves and age always beats fit; its
-neighbours in cost fill the batch, so a short item rarely pays for a long one's padding. Items
-read but not yet run stay in the worker's pending list, so a crash loses none of them.
+``batch_size``) and forms each batch as the run of items closest in cost to a *lead* item: the
+**oldest** one of the most urgent priority level held (level 0 first; without levels, simply the
+oldest). Its neighbours in cost fill the batch, from the lead's level first, so a short item
+rarely pays for a long one's padding and an urgent item does not wait behind held bulk items.
+Age still beats fit: within a level the oldest item leads, so no cost class starves; and an item
+that ``lookahead`` batches led by more urgent items passed over leads, whatever its level, so no
+level starves either (see :class:`CostWindow`). Items read but not yet run stay in the worker's pending list,
+so a crash loses none of them.
 """
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import logging
 import math
@@ -197,20 +202,63 @@ class OomGuard:
         self.cap.on_success(batch_cost(costs, self.cost_model))
 
 
+class _Batch:
+    """A batch being formed from held items: their positions, its costs and its limits."""
+
+    def __init__(self, held: Sequence[_Held[Any]], lead: int, size: int, budget: int | None, model: CostModel,
+                 max_padding: float) -> None:
+        self.held, self.size, self.budget, self.model, self.max_padding = held, size, budget, model, max_padding
+        self.chosen = {lead}
+        self.total = self.low = self.top = held[lead].cost  # the chosen items' total, lowest and highest cost
+
+    @property
+    def full(self) -> bool:
+        return len(self.chosen) >= self.size
+
+    def fits(self, position: int) -> bool:
+        """Whether the held item at ``position`` keeps the batch within budget and padding."""
+        cost = self.held[position].cost
+        size, total, top = len(self.chosen) + 1, self.total + cost, max(self.top, cost)
+        batch = size * top if self.model is CostModel.PADDED else total
+        wasted = self.model is CostModel.PADDED and total < (1 - self.max_padding) * batch
+        return (self.budget is None or batch <= self.budget) and not wasted
+
+    def add(self, position: int) -> None:
+        cost = self.held[position].cost
+        self.chosen.add(position)
+        self.total, self.low, self.top = self.total + cost, min(self.low, cost), max(self.top, cost)
+
+
 @dataclass(order=True)
 class _Held(Generic[T]):
     cost: int
     seq: int
     arrived: float = field(compare=False)
     item: T = field(compare=False)
+    level: int = field(default=0, compare=False)
+    overtaken: int = field(default=0, compare=False)  # batches led by a more urgent item that went without it
 
 
 class CostWindow(Generic[T]):
-    """Items a consumer holds, kept sorted by cost; each batch is a run around the oldest."""
+    """Items a consumer holds, kept sorted by cost; each batch is a run around a lead item.
 
-    def __init__(self) -> None:
+    ``urgency`` gives an item's priority level (0: most urgent; None: every item is level 0).
+    The lead of a batch is the oldest item of the most urgent level held, except that an item
+    that ``patience`` batches led by more urgent items have passed over leads, whatever its
+    level (the oldest such item first; :class:`rstreamer.batching.Batcher` passes the policy's
+    ``lookahead``). So an urgent item does not wait behind held bulk items, at most one aged
+    item per batch takes the lead from it, and no held item waits for ever: more urgent items
+    pass it over at most ``patience`` times, then it leads as soon as the aged items older than
+    it have. With two levels, a less urgent item leaves the window at the latest ``patience`` +
+    (items held before it) batches after it came. Without levels nothing is ever passed over by
+    a more urgent item and the lead is always the oldest item, as it always was.
+    """
+
+    def __init__(self, urgency: Callable[[T], int] | None = None, patience: int = 4) -> None:
         self._held: list[_Held[T]] = []  # sorted by (cost, arrival order)
         self._seq = itertools.count()
+        self.urgency = urgency
+        self.patience = patience
 
     def __len__(self) -> int:
         return len(self._held)
@@ -218,49 +266,92 @@ class CostWindow(Generic[T]):
     def add(self, items: Sequence[T], costs: Sequence[int], now: float) -> None:
         """Hold ``items`` (with their ``costs``), which arrived at ``now``."""
         for item, cost in zip(items, costs, strict=True):
-            bisect.insort(self._held, _Held(cost, next(self._seq), now, item))
+            level = self.urgency(item) if self.urgency is not None else 0
+            bisect.insort(self._held, _Held(cost, next(self._seq), now, item, level))
 
     def oldest_age(self, now: float) -> float:
         """Seconds the oldest held item has waited (0 when empty)."""
         return now - min(held.arrived for held in self._held) if self._held else 0.0
 
-    def next_run(self, batch_size: int, budget: int | None, model: CostModel,
-                 max_padding: float = 1.0) -> tuple[int, int]:
-        """Bounds ``[lo, hi)`` of the next batch in cost order: the oldest item and its nearest
-        neighbours in cost, as many as ``batch_size``, ``budget`` and (padded) ``max_padding``,
-        the share of the batch's cost that is padding, allow."""
+    def lead(self) -> int:
+        """Position (in cost order) of the next batch's lead: the oldest of the items that
+        ``patience`` batches led by more urgent items passed over, else the oldest item of the
+        most urgent level."""
         held = self._held
-        seed = min(range(len(held)), key=lambda i: held[i].seq)
-        lo, hi, total = seed, seed + 1, held[seed].cost
-        while hi - lo < batch_size:
-            for new_lo, new_hi in self._neighbours(lo, hi):
-                size, new_total = new_hi - new_lo, total + held[new_lo if new_lo < lo else new_hi - 1].cost
-                cost = size * held[new_hi - 1].cost if model is CostModel.PADDED else new_total
-                wasted = model is CostModel.PADDED and new_total < (1 - max_padding) * cost
-                if (budget is None or cost <= budget) and not wasted:
-                    lo, hi, total = new_lo, new_hi, new_total
-                    break
-            else:
-                break
-        return lo, hi
+        overdue = [i for i, item in enumerate(held) if item.overtaken >= self.patience]
+        if overdue:
+            return min(overdue, key=lambda i: held[i].seq)
+        return min(range(len(held)), key=lambda i: (held[i].level, held[i].seq))
 
-    def _neighbours(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """The run ``[lo, hi)`` grown by one item, the neighbour closest in cost first."""
-        runs = []
-        if lo > 0:
-            runs.append((self._held[lo].cost - self._held[lo - 1].cost, (lo - 1, hi)))
-        if hi < len(self._held):
-            runs.append((self._held[hi].cost - self._held[hi - 1].cost, (lo, hi + 1)))
-        return [run for _, run in sorted(runs)]
+    def next_run(self, batch_size: int, budget: int | None, model: CostModel,
+                 max_padding: float = 1.0) -> list[int]:
+        """Positions (in cost order) of the next batch's items: the :meth:`lead` and its nearest
+        neighbours in cost, as many as ``batch_size``, ``budget`` and (padded) ``max_padding``,
+        the share of the batch's cost that is padding, allow.
+
+        Neighbours come from the most urgent level first, then from the next one, and so on. In
+        each level's pass the batch first takes the items whose cost is within its cost range
+        (they add no padding), then grows the range by the nearest cost outside it (the lower
+        one on a tie); among items of one cost, the most urgent, then the oldest, come first.
+        With one level this is the run of nearest neighbours in cost around the oldest item.
+        """
+        batch = _Batch(self._held, self.lead(), batch_size, budget, model, max_padding)
+        for level in sorted({item.level for item in self._held}):
+            if batch.full:
+                break
+            self._grow(batch, level)
+        return sorted(batch.chosen)
+
+    def _grow(self, batch: _Batch, level: int) -> None:
+        """Add to ``batch`` what fits of the items of ``level`` and the more urgent ones."""
+        # Candidates by cost; inside the batch's cost range, a heap by (level, age); outside
+        # it, the costs nearest to the range last, so that pop() takes the nearest.
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for position, item in enumerate(self._held):
+            if item.level <= level and position not in batch.chosen:
+                groups.setdefault(item.cost, []).append((item.level, item.seq, position))
+        inside = [entry for cost, group in groups.items() if batch.low <= cost <= batch.top for entry in group]
+        heapq.heapify(inside)
+        below = sorted(cost for cost in groups if cost < batch.low)
+        above = sorted((cost for cost in groups if cost > batch.top), reverse=True)
+        skipped: list[tuple[int, int, int]] = []  # inside, but did not fit the batch as it was
+        while not batch.full:
+            if inside:
+                entry = heapq.heappop(inside)
+                if not batch.fits(entry[2]):
+                    skipped.append(entry)
+                    continue
+            else:
+                sides = [(batch.low - below[-1], 0, below)] if below else []
+                sides += [(above[-1] - batch.top, 1, above)] if above else []
+                for _, _, side in sorted(sides, key=lambda option: option[:2]):
+                    group = sorted(groups[side[-1]])
+                    if batch.fits(group[0][2]):
+                        side.pop()
+                        entry = group[0]
+                        inside.extend(group[1:])  # the rest of that cost is inside the range now
+                        heapq.heapify(inside)
+                        break
+                else:
+                    return
+            batch.add(entry[2])
+            for entry in skipped:  # the batch changed: what did not fit before may fit now
+                heapq.heappush(inside, entry)
+            skipped.clear()
 
     def peek(self, batch_size: int, budget: int | None, model: CostModel, max_padding: float = 1.0) -> list[T]:
         """The items of the next batch, left held."""
-        lo, hi = self.next_run(batch_size, budget, model, max_padding)
-        return [held.item for held in self._held[lo:hi]]
+        return [self._held[i].item for i in self.next_run(batch_size, budget, model, max_padding)]
 
     def take(self, batch_size: int, budget: int | None, model: CostModel,
              max_padding: float = 1.0) -> tuple[list[T], list[int]]:
-        """Remove and return the next batch's items and their costs."""
-        lo, hi = self.next_run(batch_size, budget, model, max_padding)
-        run, self._held[lo:hi] = self._held[lo:hi], []
+        """Remove and return the next batch's items and their costs (in cost order)."""
+        chosen = self.next_run(batch_size, budget, model, max_padding)
+        run = [self._held[i] for i in chosen]
+        urgency = self._held[self.lead()].level
+        taken = set(chosen)
+        self._held = [held for i, held in enumerate(self._held) if i not in taken]
+        for held in self._held:
+            if held.level > urgency:
+                held.overtaken += 1
         return [held.item for held in run], [held.cost for held in run]

@@ -158,6 +158,11 @@ class Parsed:
         return self.entry_id, self.fields
 
 
+def _level_of(parsed: Parsed) -> int:
+    """The priority level an entry was read from: its urgency for cost-aware batching."""
+    return parsed.level
+
+
 class ParsedSource:
     """The worker's ItemSource: entries decoded as they are read, so that a cost-aware batch
     knows each item's cost (``ManagedModel.cost`` takes the decoded input)."""
@@ -231,7 +236,9 @@ class RedisWorker:
                               stuck_after=self.settings.stuck_after)
         self._next_reclaim = 0.0
         # The model's cost() and out-of-memory errors are set once it is loaded (_use_model).
-        self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model))
+        # A costed batch is built around the most urgent item held (see Batcher): its level.
+        self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model),
+                                                 urgency=_level_of)
         self._hint = self._batcher.hint
         self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
         self._lane: GenerativeLane | None = None  # set when the model is a GenerativeModel

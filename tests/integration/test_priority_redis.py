@@ -89,6 +89,26 @@ def test_urgent_calls_overtake_a_bulk_backlog(redis_url, prefix, workers, tmp_pa
     assert [int(x) for x in order if int(x) < 1000] == list(range(12)), "urgent is FIFO"
 
 
+def test_with_cost_aware_batching_an_urgent_call_does_not_wait_behind_the_held_bulk_window(
+        redis_url, prefix, workers, tmp_path):
+    """A costed worker holds lookahead x batch_size bulk items; an urgent call still runs in the
+    batch after the one running when it came, and bulk stays FIFO."""
+    log = tmp_path / "runs.log"
+    settings = {**TWO_LEVELS, "max_batch_cost": 1000, "cost_lookahead": 4}  # a window of 16 items
+    workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log), "delay": 0.05},
+                  batch_size=4, settings=settings)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        bulk = [streamer.submit([1000 + n], priority=1) for n in range(100)]
+        wait_until(lambda: len(executions(log)) >= 20, what="bulk work in progress")
+        ran_before = len(executions(log))
+        assert streamer.predict([7]) == [14]
+        assert [future.result() for future in bulk] == [[2 * (1000 + n)] for n in range(100)]
+    order = executions(log)
+    # Oldest-first would run the 12 bulk items held ahead of it, and the running batch, first.
+    assert order.index("7") - ran_before < 12, order[ran_before:order.index("7") + 1]
+    assert [int(x) for x in order if int(x) >= 1000] == list(range(1000, 1100)), "bulk is FIFO"
+
+
 def test_overloaded_hits_the_least_urgent_level_first(redis_client, redis_url, prefix):
     keys = Keys(prefix)
     ensure_groups(redis_client, keys, 2)
