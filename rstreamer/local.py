@@ -41,10 +41,13 @@ class QueueSource:
     A None item is the stop signal. A source takes at most one (and is ``stopped`` from then
     on), so that N consumers of one queue each take one of N signals: a consumer that swallowed
     several in one batch would leave the others waiting for a signal that never comes.
+    ``alive`` (optional): whether the process that feeds the queue still lives; once it does
+    not, a wait that times out stops the source.
     """
 
-    def __init__(self, q: Any) -> None:
+    def __init__(self, q: Any, alive: Callable[[], bool] | None = None) -> None:
         self._queue = q
+        self._alive = alive
         self.stopped = False
 
     def fetch(self, max_items: int, timeout: float) -> list[Any]:
@@ -61,7 +64,10 @@ class QueueSource:
                 item = self._queue.get_nowait()
             self.stopped = True
         except queue.Empty:
-            pass
+            # Nobody will send the stop signal when the process that feeds the queue died
+            # (SIGKILL, or SIGTERM without close()): stop rather than wait for ever as an orphan.
+            if not items and self._alive is not None and not self._alive():
+                self.stopped = True
         return items
 
 
@@ -227,8 +233,10 @@ def _process_worker_main(
         outbox.put(("results", slot, [(item.task, item.index, outcome) for item, outcome in results]))
 
     stats = BatchStats()
-    serve_queue(QueueSource(inbox), policy, predict, deliver, stats, peers, cost)
-    outbox.put(("stats", slot, stats))
+    parent = multiprocessing.parent_process()
+    serve_queue(QueueSource(inbox, parent.is_alive if parent else None), policy, predict, deliver, stats, peers, cost)
+    if parent is None or parent.is_alive():  # nobody reads the pipe of a dead parent: a full one would block
+        outbox.put(("stats", slot, stats))
 
 
 class Streamer(_LocalStreamer):

@@ -257,3 +257,40 @@ def test_concurrent_requests_to_a_gevent_app_with_a_multi_process_streamer(tmp_p
     with _gevent_app(tmp_path) as post, ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda i: post([f"x{i}", "y"]), range(64)))
         assert results == [[f"x{i}x{i}", "yy"] for i in range(64)]
+
+
+ORPHAN_SCRIPT = """
+    import sys
+
+    from rstreamer import Streamer
+    from support.models import Doubler
+
+    if __name__ == "__main__":
+        streamer = Streamer(Doubler, 8, 0.05, worker_num=2, wait_for_worker_ready=True)
+        print(streamer.predict(["a"]), flush=True)
+        print(" ".join(str(p.pid) for p in streamer._processes), flush=True)
+        sys.stdin.read()  # until killed
+"""
+
+
+def test_local_workers_exit_when_the_process_that_owns_them_is_killed(tmp_path):
+    # A web process SIGKILLed (or SIGTERMed without close()) never sends the stop signals; its
+    # workers used to wait on the inbox for ever, orphans.
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(ORPHAN_SCRIPT))
+    proc = subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, env=child_env(), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "['aa']"
+        pids = {int(pid) for pid in proc.stdout.readline().split()}
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_until(lambda: not any(_alive(pid) for pid in pids), 10, what="the orphaned workers to exit")
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
