@@ -24,7 +24,7 @@ def cancel_args(keys: Keys, token: str, level: int, entries: Sequence[tuple[byte
                 whole: bool) -> ScriptArgs:
     """Arguments of the CANCEL script for ``entries`` (``(entry id, index)``) of one token."""
     ttl_ms = max(1, int((ttl_s + REPLY_GRACE) * 1000))
-    return {"keys": [keys.cancelled(token), *keys.level_keys(level)[:3]],
+    return {"keys": [keys.cancelled(token), *keys.level_keys(level)],
             "args": [keys.group, ttl_ms, int(whole), len(entries), *(e for e, _ in entries), *(i for _, i in entries)]}
 
 

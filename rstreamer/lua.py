@@ -5,7 +5,8 @@ from __future__ import annotations
 # Each level then has, beside its stream, a sorted set of held items (member: the item's id
 # 'token:index', score: its start tag in virtual time), a hash of their entries (member ->
 # msgpack {held at ms, {field, value, ...}}) and a hash of virtual clocks ('~': the tag of the
-# last item promoted; per tenant, '' for calls without one: the tag after its last item). This is
+# last item promoted; per tenant, '' for calls without one: the tag after its last item; '#' and
+# the tenant: its items held; '*': the tenants with items held). This is
 # start-time fair queueing: a tenant's next item starts at max(clock, its own finish tag), so
 # every tenant with items waiting gets one item in turn, a newcomer goes next, and each tenant's
 # items keep their order. Items move to the stream, fairest first, when a worker reads the level
@@ -20,12 +21,25 @@ local function hold(queue, items, clock, tenant, token, first, fields_of, count,
   for k = 0, count - 1 do
     local id = token .. ':' .. (first + k)
     redis.call('ZADD', queue, start + k, id)
-    redis.call('HSET', items, id, cmsgpack.pack({now_ms, fields_of(k)}))
+    redis.call('HSET', items, id, cmsgpack.pack({now_ms, fields_of(k), tenant}))
   end
   redis.call('HSET', clock, tenant, start + count)
+  if redis.call('HINCRBY', clock, '#' .. tenant, count) == count then redis.call('HINCRBY', clock, '*', 1) end
   for _, key in ipairs({queue, items, clock}) do
     if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
   end
+end
+-- One held item of tenant is gone (moved to the stream or withdrawn).
+local function release(clock, tenant)
+  if redis.call('HINCRBY', clock, '#' .. tenant, -1) <= 0 then
+    redis.call('HDEL', clock, '#' .. tenant)
+    redis.call('HINCRBY', clock, '*', -1)
+  end
+end
+-- The items tenant holds, and how many tenants hold items.
+local function holding(clock, tenant)
+  local f = redis.call('HMGET', clock, '#' .. tenant, '*')
+  return tonumber(f[1] or '0'), tonumber(f[2] or '0')
 end
 -- Move up to count held items, fairest first, onto the stream; their remaining timeout shrinks
 -- by the time they were held (a version-2 entry counts it from its new id). Returns the count.
@@ -41,6 +55,7 @@ local function promote(stream, queue, items, clock, count, now_ms)
         if fields[f] == 'r' then fields[f + 1] = math.max(0, tonumber(fields[f + 1]) - (now_ms - held[1])) end
       end
       redis.call('XADD', stream, '*', unpack(fields))
+      release(clock, held[3])
     end
   end
   -- Every tenant idle: the clocks start again (tags only order what waits).
@@ -137,6 +152,14 @@ for l = 1, streams do
     end
   end
 end
+-- A full fair level still admits a tenant holding less than an equal share of the bound (the
+-- tenants holding items, itself included), up to twice the bound: a tenant that filled the level
+-- does not shut the others out.
+local function under_share(l, tenant, size, ahead, limit)
+  local own, waiting = holding(level_key(l, 4), tenant > 0 and ARGV[8 + tenant] or '')
+  if own == 0 then waiting = waiting + 1 end
+  return own + size <= limit / math.max(1, waiting) and ahead + size <= 2 * limit
+end
 -- tenant number -> {rate, burst, tokens} (tokens refilled to now), read once per script
 local buckets = {}
 local function bucket(number)
@@ -185,7 +208,8 @@ for c = 1, calls do
     if limit <= 0 then limit = max_queue end
     local ahead = 0
     for l = 1, level + 1 do ahead = ahead + backlog[l] end
-    if limit > 0 and ahead + size > limit then reason, detail = 1, ahead
+    if limit > 0 and ahead + size > limit and not (fair and under_share(level + 1, tenant, size, ahead, limit)) then
+      reason, detail = 1, ahead
     elseif max_bytes > 0 and queued_bytes + bytes > max_bytes then reason, detail, limit = 2, queued_bytes, max_bytes
     elseif age[level + 1] * 1000 > permille * tonumber(remaining) then reason, detail, limit = 3, age[level + 1], 0
     else limit = 0 end
@@ -456,7 +480,7 @@ return 1
 """
 
 # KEYS[1] the token's cancellation set (keys.cancelled), KEYS[2] the request stream of the
-# call's priority level, KEYS[3] and KEYS[4] its held-item queue and held items. ARGV: group,
+# call's priority level, KEYS[3..5] its held-item queue, held items and clocks. ARGV: group,
 # the set's TTL in ms, whole (1: no other call shares the token, so its replies may be dropped
 # whole), n, then n entry ids, then their n indexes.
 # Withdraws a caller's items (rstreamer.cancel): an entry not yet delivered to a worker is deleted
@@ -466,7 +490,7 @@ return 1
 # 'token:index', fair sharing) still held is deleted; one already moved to the stream is marked
 # (its stream id is not known here), so a worker that reads it skips it.
 # Returns {entries deleted, then the indexes of the entries marked (held by a worker)}.
-CANCEL = """
+CANCEL = _FAIR_HELPERS + """
 local group, ttl, whole, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local reply = {0}
 for i = 1, n do
@@ -475,6 +499,8 @@ for i = 1, n do
   local pending = not held and redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
   if held then
     if redis.call('ZREM', KEYS[3], id) == 1 then
+      local record = redis.call('HGET', KEYS[4], id)
+      if record then release(KEYS[5], cmsgpack.unpack(record)[3]) end
       redis.call('HDEL', KEYS[4], id)
       reply[1] = reply[1] + 1
     else

@@ -496,7 +496,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the flooding tenant's quota, share of capacity")
     parser.add_argument("--hog-load", type=float, default=1.1,
                         help="the sharing phases' hog tenant, times capacity (above 1: its backlog grows; keep "
-                             "it under the level's bound within a phase, or both tenants are refused alike)")
+                             "it under the level's bound within a phase, or in arrival order both tenants are "
+                             "refused alike)")
     parser.add_argument("--output", type=Path, default=Path("bench-output"))
     return parser.parse_args(argv)
 

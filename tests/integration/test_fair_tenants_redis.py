@@ -64,12 +64,30 @@ def test_held_items_count_in_the_queue_bound_and_in_status(redis_client, redis_u
         streamer.submit(list(range(6)), tenant="a")
         streamer.submit(list(range(4)), tenant="b")
         with pytest.raises(Overloaded):
-            streamer.predict([1], tenant="c")
+            streamer.predict([1], tenant="a")
     [snapshot] = take_snapshots(redis_client, [prefix])
     [level] = snapshot.levels
     # One item moved to the stream when the first call came (it wakes the workers); 9 are held.
     assert (level.queue_length, level.held) == (10, 9)
     assert level.oldest_ms is not None
+
+
+def test_a_tenant_that_filled_the_level_does_not_shut_the_others_out(redis_client, redis_url, prefix):
+    """A full fair level still admits a tenant under an equal share of its bound (up to twice
+    the bound); the tenant that filled it is refused until it is back under its share."""
+    serve_fairly(redis_client, prefix)
+    with RedisStreamer(redis_url, prefix, timeout=30, max_queue=10) as streamer:
+        streamer.submit(list(range(10)), tenant="hog")  # the level is full: 1 on the stream, 9 held
+        streamer.submit([1, 2, 3], tenant="light")  # light holds nothing: its share is 10 / 2
+        with pytest.raises(Overloaded):
+            streamer.submit([4], tenant="hog")  # the hog holds 9, over its share
+        with pytest.raises(Overloaded):
+            streamer.submit([4, 5, 6], tenant="light")  # 3 + 3 would be over the share of 5
+        streamer.submit([4, 5], tenant="light")  # 3 + 2 is not
+        streamer.submit([1, 2, 3], tenant="third")  # a newcomer: share 10 / 3
+        streamer.submit([1, 2], tenant="fourth")  # share 10 / 4; 20 items: twice the bound
+        with pytest.raises(Overloaded):
+            streamer.submit([1], tenant="fifth")  # under its share, but over twice the bound
 
 
 def test_cancelled_held_items_never_run(redis_client, redis_url, prefix, workers, tmp_path):
