@@ -20,7 +20,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future as TaskFuture
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_GROUP_ITEMS = 1024
+WITHDRAW_GRACE = 2.0
+"""Seconds close() waits for the withdrawals of calls cancelled before it (then they are dropped)."""
 """Most items one coalesced ENQUEUE carries, so that one script never holds Redis for long."""
 
 
@@ -161,6 +164,7 @@ class Coalescer:
         self._flushing = False
         self._closed = False
         self._io = ThreadPoolExecutor(MAX_CONNECTIONS, thread_name_prefix="rstreamer-io")
+        self._withdrawals: set[TaskFuture[None]] = set()
 
     # callers ---------------------------------------------------------------------------------
 
@@ -199,7 +203,19 @@ class Coalescer:
                 return
             if ticket.state is not CallState.SENT:
                 return  # SENDING: withdrawn when its ENQUEUE settles (_settle); FAILED: nothing queued
-        self._start(self._withdraw, [ticket], False)
+        try:
+            task = self._io.submit(self._withdraw, [ticket], False)
+        except RuntimeError:  # shut down by close()
+            return
+        # close() lets the withdrawals already asked for finish: a caller that cancels and then
+        # closes (a web process shutting down) must not leave its items queued.
+        with self._lock:
+            self._withdrawals.add(task)
+        task.add_done_callback(self._withdrawn)
+
+    def _withdrawn(self, task: TaskFuture[None]) -> None:
+        with self._lock:
+            self._withdrawals.discard(task)
 
     def _withdraw(self, tickets: list[Ticket], whole: bool) -> None:
         """Run CANCEL for the unanswered items of ``tickets``; best effort: a worker that still
@@ -220,12 +236,15 @@ class Coalescer:
                 logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
 
     def close(self) -> None:
-        """Refuse new calls and stop the poppers (each within one BLPOP slice)."""
+        """Refuse new calls, let pending withdrawals finish (at most WITHDRAW_GRACE s) and stop the
+        poppers (each within one BLPOP slice)."""
         with self._lock:
             self._closed = True
             for ticket in self._pending:
                 ticket.failed(BrokerUnavailable("the streamer was closed"))
             self._pending.clear()
+            withdrawals = list(self._withdrawals)
+        wait(withdrawals, timeout=WITHDRAW_GRACE)
         self._io.shutdown(wait=False, cancel_futures=True)
 
     # the flusher -----------------------------------------------------------------------------

@@ -141,3 +141,16 @@ def test_a_cancelled_future_says_which_items_a_worker_held(redis_client, redis_u
         wait_until(lambda: running.held == {0}, what="the withdrawal of the held item")
         wait_until(lambda: redis_client.xlen(Keys(prefix).requests) <= 1, what="the queued items deleted")
         assert queued.held == set()
+
+
+def test_closing_right_after_a_cancel_still_withdraws_the_items(redis_client, redis_url, prefix):
+    # A web process that cancels its calls and shuts down: close() used to stop the I/O thread
+    # under the withdrawal ("could not withdraw ... Bad file descriptor"), leaving the items queued.
+    keys = Keys(prefix)
+    for _ in range(5):
+        streamer = RedisStreamer(redis_url, prefix, timeout=30)
+        future = streamer.submit(list(range(8)))
+        assert redis_client.xlen(keys.requests) == 8
+        assert future.cancel()
+        streamer.close()
+        assert redis_client.xlen(keys.requests) == 0
