@@ -23,14 +23,7 @@ from rstreamer.batching import (
 )
 from rstreamer.errors import ConfigError
 from rstreamer.local import QueueSource
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from support.fakes import FakeClock
 
 
 class ScriptedSource:

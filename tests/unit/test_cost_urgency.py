@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from rstreamer.batching import Batcher, BatchPolicy, collect_costed_batch
 from rstreamer.costing import CostBudget, CostModel, CostWindow
+from support.fakes import FakeClock, ListSource
 
 
 @dataclass(frozen=True)
@@ -26,26 +27,6 @@ def level(item: Item) -> int:
     return item.level
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ListSource:
-    """Items available at once, in list order; a wait with nothing there advances the clock."""
-
-    def __init__(self, clock: FakeClock, items: list[Item] | None = None) -> None:
-        self.clock = clock
-        self.items = list(items or [])
-
-    def fetch(self, max_items: int, timeout: float) -> list[Item]:
-        taken, self.items = self.items[:max_items], self.items[max_items:]
-        if not taken:
-            self.clock.now += timeout
-        return taken
 
 
 def policy(batch_size: int, lookahead: int = 4, budget: int | None = None) -> BatchPolicy:

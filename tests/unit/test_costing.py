@@ -4,35 +4,13 @@ Fake sources and clocks; no Redis, no threads."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
 from rstreamer.batching import BatchPolicy, collect_costed_batch, predict_isolated
 from rstreamer.costing import CostBudget, CostCap, CostModel, CostWindow, OomGuard, batch_cost, item_cost
 from rstreamer.errors import ConfigError
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ListSource:
-    """Items available at once; a wait with nothing there advances the fake clock."""
-
-    def __init__(self, clock: FakeClock, items: list[Any] | None = None) -> None:
-        self.clock = clock
-        self.items = list(items or [])
-
-    def fetch(self, max_items: int, timeout: float) -> list[Any]:
-        taken, self.items = self.items[:max_items], self.items[max_items:]
-        if not taken:
-            self.clock.now += timeout
-        return taken
+from support.fakes import FakeClock, ListSource
 
 
 def length(item: str) -> int:
