@@ -30,7 +30,7 @@ from .calls import (
     call_errors,
     retry_pause,
 )
-from .cancel import cancel_args
+from .cancel import WITHDRAW_GRACE, cancel_args
 from .connection import create_async_redis
 from .errors import BrokerUnavailable, DecodeError
 from .future import BaseFuture
@@ -68,7 +68,8 @@ class AsyncRedisStreamer:
                                         max_connections=max_connections)
         self._enqueue_script = self.redis.register_script(lua.ENQUEUE_CALLS)
         self._cancel_script = self.redis.register_script(lua.CANCEL)
-        self._poppers: set[asyncio.Task[None]] = set()
+        self._poppers: set[asyncio.Future[None]] = set()
+        self._withdrawals: set[asyncio.Future[None]] = set()
         self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)
 
     async def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
@@ -81,7 +82,7 @@ class AsyncRedisStreamer:
         """
         call = self.calls.new_call(list(batch), timeout, priority, tenant)
         future = AsyncFuture(call)
-        future.on_cancel(lambda: self._spawn(self._withdraw(future, whole=True)))
+        future.on_cancel(lambda: self._spawn(self._withdraw(future, whole=True), self._withdrawals))
         if call.payloads:
             enqueue = asyncio.ensure_future(self._enqueue(future))
             enqueue.add_done_callback(_retrieve)
@@ -96,11 +97,13 @@ class AsyncRedisStreamer:
             self._spawn(self._pop_replies(future))
         return future
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` in a task of its own, kept until done and cancelled by aclose()."""
+    def _spawn(self, work: Coroutine[Any, Any, None], tasks: set[asyncio.Future[None]] | None = None) -> None:
+        """Run ``work`` in a task of its own, kept in ``tasks`` (the poppers, which aclose()
+        cancels, by default) until done."""
+        kept = self._poppers if tasks is None else tasks
         task = asyncio.ensure_future(work)
-        self._poppers.add(task)
-        task.add_done_callback(self._poppers.discard)
+        kept.add(task)
+        task.add_done_callback(kept.discard)
 
     async def _enqueue(self, future: AsyncFuture) -> None:
         call = future.call
@@ -212,7 +215,10 @@ class AsyncRedisStreamer:
         return Quotas.from_json(raw) if raw else Quotas()
 
     async def aclose(self) -> None:
-        """Stop waiting for answers and close the streamer's Redis connections."""
+        """Let the withdrawals of cancelled calls finish (at most WITHDRAW_GRACE s), stop waiting for
+        answers and close the streamer's Redis connections."""
+        if self._withdrawals:
+            await asyncio.wait(list(self._withdrawals), timeout=WITHDRAW_GRACE)
         for popper in list(self._poppers):
             popper.cancel()
         await asyncio.gather(*self._poppers, return_exceptions=True)

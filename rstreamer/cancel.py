@@ -19,6 +19,10 @@ from .connection import RedisClient
 from .keys import Keys, is_reply_token
 from .messages import REPLY_GRACE
 
+WITHDRAW_GRACE = 2.0
+"""Seconds a streamer's close waits for the withdrawals of calls cancelled before it (a web
+process that cancels its calls and shuts down must not leave their items queued)."""
+
 
 def cancel_args(keys: Keys, token: str, level: int, entries: Sequence[tuple[bytes, int]], ttl_s: float,
                 whole: bool) -> ScriptArgs:

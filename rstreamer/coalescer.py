@@ -29,7 +29,7 @@ import redis
 from . import lua
 from .batching import Outcome
 from .calls import MAX_CONNECTIONS, CallFactory, blpop_block, call_errors, retry_pause
-from .cancel import cancel_args
+from .cancel import WITHDRAW_GRACE, cancel_args
 from .connection import RedisClient
 from .errors import BrokerUnavailable, DecodeError
 from .messages import Admission
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_GROUP_ITEMS = 1024
-WITHDRAW_GRACE = 2.0
-"""Seconds close() waits for the withdrawals of calls cancelled before it (then they are dropped)."""
 """Most items one coalesced ENQUEUE carries, so that one script never holds Redis for long."""
 
 

@@ -154,3 +154,18 @@ def test_closing_right_after_a_cancel_still_withdraws_the_items(redis_client, re
         assert future.cancel()
         streamer.close()
         assert redis_client.xlen(keys.requests) == 0
+
+
+def test_closing_an_async_streamer_right_after_a_cancel_still_withdraws_the_items(redis_client, redis_url, prefix):
+    keys = Keys(prefix)
+
+    async def cancel_then_close() -> None:
+        streamer = AsyncRedisStreamer(redis_url, prefix, timeout=30)
+        future = await streamer.submit(list(range(8)))
+        assert redis_client.xlen(keys.requests) == 8
+        future.cancel()
+        await streamer.aclose()
+
+    for _ in range(5):
+        asyncio.run(cancel_then_close())
+        assert redis_client.xlen(keys.requests) == 0
