@@ -208,6 +208,7 @@ class _Batch:
     def __init__(self, held: Sequence[_Held[Any]], lead: int, size: int, budget: int | None, model: CostModel,
                  max_padding: float) -> None:
         self.held, self.size, self.budget, self.model, self.max_padding = held, size, budget, model, max_padding
+        self.lead = lead
         self.chosen = {lead}
         self.total = self.low = self.top = held[lead].cost  # the chosen items' total, lowest and highest cost
 
@@ -295,12 +296,16 @@ class CostWindow(Generic[T]):
         one on a tie); among items of one cost, the most urgent, then the oldest, come first.
         With one level this is the run of nearest neighbours in cost around the oldest item.
         """
+        return sorted(self._form(batch_size, budget, model, max_padding).chosen)
+
+    def _form(self, batch_size: int, budget: int | None, model: CostModel, max_padding: float) -> _Batch:
+        """The next batch (see :meth:`next_run`), with its lead."""
         batch = _Batch(self._held, self.lead(), batch_size, budget, model, max_padding)
         for level in sorted({item.level for item in self._held}):
             if batch.full:
                 break
             self._grow(batch, level)
-        return sorted(batch.chosen)
+        return batch
 
     def _grow(self, batch: _Batch, level: int) -> None:
         """Add to ``batch`` what fits of the items of ``level`` and the more urgent ones."""
@@ -346,10 +351,10 @@ class CostWindow(Generic[T]):
     def take(self, batch_size: int, budget: int | None, model: CostModel,
              max_padding: float = 1.0) -> tuple[list[T], list[int]]:
         """Remove and return the next batch's items and their costs (in cost order)."""
-        chosen = self.next_run(batch_size, budget, model, max_padding)
-        run = [self._held[i] for i in chosen]
-        urgency = self._held[self.lead()].level
-        taken = set(chosen)
+        batch = self._form(batch_size, budget, model, max_padding)
+        taken = batch.chosen
+        run = [self._held[i] for i in sorted(taken)]
+        urgency = self._held[batch.lead].level
         self._held = [held for i, held in enumerate(self._held) if i not in taken]
         for held in self._held:
             if held.level > urgency:
