@@ -64,9 +64,19 @@ class _StreamState:
         admission = self.calls.check_enqueued(reply, self.call)
         self.entry_id = admission.ids[0] if admission.ids else None
 
+    def queue_close(self, pipe: Any) -> None:
+        """Queue on ``pipe`` (sync or async) what leaving the stream writes: the call marked
+        cancelled unless its answer ended (then its control key goes), and its reply list deleted."""
+        if not self.reader.done:
+            pipe.set(self.control_key, CANCELLED, px=self.control_ttl_ms)
+        else:
+            pipe.delete(self.control_key)
+        pipe.delete(self.call.reply_key)
+
     def withdraw_args(self) -> ScriptArgs | None:
-        """Arguments of the CANCEL script that withdraws the item from its level's stream, or
-        None when there is nothing to withdraw (the answer ended, or it was never enqueued)."""
+        """Arguments of the CANCEL script that withdraws the item from its level's stream (an
+        item no worker has read yet is deleted, never started), or None when there is nothing to
+        withdraw (the answer ended, or it was never enqueued)."""
         if self.reader.done or self.entry_id is None:
             return None
         ttl = max(0.0, self.call.expires_at - time.monotonic())
@@ -182,14 +192,10 @@ class ChunkStream:
         state.closed = True
         with contextlib.suppress(redis.RedisError, BrokerUnavailable):
             pipe = self._redis.pipeline(transaction=False)
-            if not state.reader.done:
-                pipe.set(state.control_key, CANCELLED, px=state.control_ttl_ms)
-            else:
-                pipe.delete(state.control_key)
-            pipe.delete(state.call.reply_key)
+            state.queue_close(pipe)
             pipe.execute()
             withdraw = state.withdraw_args()
-            if withdraw is not None:  # an item no worker has read yet is deleted, never started
+            if withdraw is not None:
                 self._redis.register_script(lua.CANCEL)(**withdraw)
 
     def __enter__(self) -> ChunkStream:
@@ -279,14 +285,10 @@ class AsyncChunkStream:
         state.closed = True
         with contextlib.suppress(redis.RedisError, BrokerUnavailable):
             pipe = self._redis.pipeline(transaction=False)
-            if not state.reader.done:
-                pipe.set(state.control_key, CANCELLED, px=state.control_ttl_ms)
-            else:
-                pipe.delete(state.control_key)
-            pipe.delete(state.call.reply_key)
+            state.queue_close(pipe)
             await pipe.execute()
             withdraw = state.withdraw_args()
-            if withdraw is not None:  # an item no worker has read yet is deleted, never started
+            if withdraw is not None:
                 await self._redis.register_script(lua.CANCEL)(**withdraw)
 
     async def __aenter__(self) -> AsyncChunkStream:
