@@ -27,6 +27,7 @@ from typing import Any
 
 from ..embedded import redis_url_or_embedded
 from ..metrics import percentile
+from .threads import run_threads
 
 COUNT_MODEL = "workers.transformer:TransformerModel"
 COST_MODEL = "workers.transformer:PaddedTransformerModel"
@@ -85,13 +86,7 @@ def drive(call: Call, items: list[list[int]], callers: int, seconds: float, run:
                 run.latencies.append(time.perf_counter() - started)
                 tokens, padded = tokens + len(item), padded + int(padded_to)
 
-    started = time.monotonic()
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - started
+    elapsed = run_threads(caller, callers)
     run.calls = len(run.latencies) + run.failed
     run.items_per_s = len(run.latencies) / elapsed
     run.tokens_per_s = tokens / elapsed

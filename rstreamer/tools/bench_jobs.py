@@ -34,6 +34,7 @@ from typing import Any
 from ..embedded import redis_url_or_embedded
 from ..errors import RStreamerError
 from ..metrics import percentile
+from .threads import run_threads
 
 MODEL = "workers.timed:TimedEchoModel"
 
@@ -107,13 +108,7 @@ def calls_phase(streamer: Any, items: list[int], callers: int, call_size: int) -
             with lock:
                 phase.latencies.append(time.perf_counter() - started)
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    phase.seconds = time.perf_counter() - started
+    phase.seconds = run_threads(caller, callers)
     phase.items_per_s = (len(items) - phase.failed) / phase.seconds
     phase.set_latencies()
     return phase

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..embedded import redis_url_or_embedded
 from ..metrics import percentile
+from .threads import run_threads
 
 MODEL = "workers.timed:TimedModel"
 
@@ -151,11 +152,7 @@ class Flood:
         self._numbers = itertools.count()
 
     def run(self, seconds: float) -> None:
-        threads = [threading.Thread(target=self._send, args=(seconds,), daemon=True) for _ in range(self.threads)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_threads(lambda: self._send(seconds), self.threads)
 
     def _send(self, seconds: float) -> None:
         from ..errors import Overloaded, RateLimited

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..embedded import redis_url_or_embedded
 from ..metrics import percentile
+from .threads import run_threads
 
 CONTINUOUS = "workers.decoder:TinyDecoder"
 REQUEST_LEVEL = "workers.decoder:RequestLevelDecoder"
@@ -140,13 +141,7 @@ def drive(call: Call, items: list[dict[str, Any]], callers: int, run: Run) -> No
             with lock:
                 run.samples[index] = sample
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    run.seconds = time.perf_counter() - started
+    run.seconds = run_threads(caller, callers)
     summarize(run)
 
 
