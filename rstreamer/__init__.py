@@ -35,6 +35,7 @@ from .model import ManagedModel
 from .settings import ClientSettings, JobSettings, WorkerSettings
 from .supervisor import run_redis_workers_forever
 from .version import VERSION
+from .webhook_http import verify_webhook_signature
 from .worker import RedisWorker
 
 __version__ = VERSION
@@ -81,4 +82,5 @@ __all__ = [
     "WorkerStartupError",
     "register_type",
     "run_redis_workers_forever",
+    "verify_webhook_signature",
 ]

@@ -16,6 +16,7 @@ from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
 from .priority import Levels
 from .quotas import Quotas
+from .webhook_targets import TargetPolicy
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "RSTREAMER_"
@@ -205,7 +206,8 @@ class WorkerSettings(EnvSettings):
     0: one second's worth); tenant_quotas: tenants with their own, ``acme=100:200,bob=5:10``
     (rate:burst). See rstreamer.quotas. tenant_sharing: ``fifo`` (items of a level run in
     arrival order) or ``fair`` (tenants of a level take turns, one item each; calls without a
-    tenant count as one tenant; see docs/priority.md).
+    tenant count as one tenant; see docs/priority.md). webhooks: the webhook sender's
+    settings (WebhookSettings), from the ``RSTREAMER_WEBHOOK_*`` variables unless given.
     """
 
     batch_size: int = _parsed(64, parse_integer(1))
@@ -230,6 +232,8 @@ class WorkerSettings(EnvSettings):
     tenant_burst: int = _parsed(0, parse_integer(0))
     tenant_quotas: str = _parsed("", parse_tenant_quotas)
     tenant_sharing: str = _parsed("fifo", parse_tenant_sharing)
+    # Not a plain default: from RSTREAMER_WEBHOOK_* whenever it is not given.
+    webhooks: WebhookSettings = field(default_factory=lambda: WebhookSettings.from_env())
 
     def __post_init__(self) -> None:
         self.cost_budget()  # validates the cost settings
@@ -294,23 +298,46 @@ class JobSettings(EnvSettings):
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def parse_webhook_allow(text: str) -> str:
+    """The webhook allow-list, e.g. ``10.0.0.0/8,hooks.internal,*.svc.cluster.local`` (see
+    rstreamer.webhook_targets.TargetPolicy); its ValueError names a bad entry."""
+    TargetPolicy.parse(text)
+    return text.strip()
+
+
 @dataclass(frozen=True)
 class WebhookSettings(EnvSettings):
-    """How a worker's webhook sender calls the webhook of a finished job (``RSTREAMER_WEBHOOK_*``).
+    """How a worker's webhook sender calls the webhook of a finished job (``RSTREAMER_WEBHOOK_*``;
+    see docs/jobs.md, "Webhooks").
 
     webhook_attempts: tries per delivery; webhook_backoff: seconds before the second try,
-    doubling after each; webhook_timeout: seconds one HTTP request may take.
+    doubling after each; webhook_timeout: seconds one try may take in all (DNS, connect, TLS,
+    sending, and the answer's status line and headers). webhook_allow: internal targets allowed
+    besides public addresses (addresses, CIDR networks, host names, ``*.domain``; see
+    rstreamer.webhook_targets); clients read it too, to refuse a literal address at submit.
+    webhook_secret: when set, every call carries an HMAC-SHA256 signature header made with it
+    (rstreamer.webhooks.sign); it is never shown (not in repr, not in logs).
     """
 
     webhook_attempts: int = 5
     webhook_backoff: float = 1.0
     webhook_timeout: float = 5.0
+    webhook_allow: str = _parsed("", parse_webhook_allow)
+    webhook_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.webhook_attempts, int) or self.webhook_attempts < 1:
             raise ConfigError(f"webhook_attempts must be an integer >= 1, got {self.webhook_attempts!r}")
         _positive("webhook_backoff", self.webhook_backoff, allow_zero=True)
         _positive("webhook_timeout", self.webhook_timeout)
+        self.targets()  # validates the allow-list
+
+    def targets(self) -> TargetPolicy:
+        """The webhook targets allowed besides public addresses."""
+        try:
+            return TargetPolicy.parse(self.webhook_allow)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def claim_idle(self) -> float:
