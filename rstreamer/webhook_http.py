@@ -178,6 +178,9 @@ class WebhookPoster:
         deadline = time.monotonic() + timeout
         try:
             target = Target.parse(url)
+        except ValueError as exc:  # no later try can do better
+            return Attempt(error=str(exc), refused=True)
+        try:
             addresses = resolve_within(self._resolve, target.host, target.port, timeout)
             self.policy.check(target.host, addresses)
         except TargetRefused as exc:

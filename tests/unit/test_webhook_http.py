@@ -109,6 +109,12 @@ def test_the_allow_list_admits_an_internal_receiver(servers):
     assert len(server.requests) == 2
 
 
+def test_a_url_that_cannot_be_called_is_refused_for_good():
+    for url in ("ftp://hooks.example.com/", "http://", "http://[::1/", "http://hooks.example.com:x/"):
+        attempt = post(WebhookPoster(LOOPBACK), url)
+        assert attempt.refused and not attempt.delivered, (url, attempt)
+
+
 def test_a_redirect_is_not_followed(servers):
     inside = servers()
     bouncer = servers(303, location=f"http://127.0.0.1:{inside.port}/admin")
