@@ -316,7 +316,7 @@ class WebhookSettings(EnvSettings):
     besides public addresses (addresses, CIDR networks, host names, ``*.domain``; see
     rstreamer.webhook_targets); clients read it too, to refuse a literal address at submit.
     webhook_secret: when set, every call carries an HMAC-SHA256 signature header made with it
-    (rstreamer.webhooks.sign); it is never shown (not in repr, not in logs).
+    (rstreamer.webhook_http.sign); it is never shown (not in repr, not in logs).
     """
 
     webhook_attempts: int = 5
