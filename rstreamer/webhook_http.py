@@ -9,8 +9,8 @@ variables (a proxy would make its own connection, unchecked). The whole try (DNS
 TLS, sending the body, the answer's status line and headers) has one deadline: a receiver
 that answers one byte at a time cannot hold a sender past it. The answer's body is not read.
 
-httpx is imported on the first try only: a web process that never sends a webhook does not
-pay for its import.
+httpx is imported by the sender thread when it starts (:func:`preload`), not by
+``import rstreamer``: a web process that never sends a webhook does not pay for it.
 """
 from __future__ import annotations
 
@@ -73,6 +73,15 @@ def verify_webhook_signature(secret: str, signature: str, delivery: str, body: b
 
 
 # one try -----------------------------------------------------------------------------------
+
+def preload() -> None:
+    """Import httpx and its asyncio backend now. Done inside a try, these one-time imports
+    (half a second and more on a loaded host) would eat that try's deadline."""
+    import anyio
+    import httpx  # noqa: F401
+
+    asyncio.run(anyio.sleep(0))  # anyio loads its asyncio backend on first use
+
 
 @dataclass(frozen=True)
 class Attempt:

@@ -33,7 +33,7 @@ from .keys import Keys
 from .liveness import dead_consumers
 from .settings import WebhookSettings
 from .version import VERSION
-from .webhook_http import DELIVERY_HEADER, SIGNATURE_HEADER, Attempt, WebhookPoster, sign
+from .webhook_http import DELIVERY_HEADER, SIGNATURE_HEADER, Attempt, WebhookPoster, preload, sign
 from .webhook_targets import origin
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class WebhookSender:
             self._thread.join(self.settings.webhook_timeout + 1.0)
 
     def _run(self) -> None:
+        preload()
         client: Any = create_redis(self._url, socket_timeout=10.0)
         ready = False
         try:
