@@ -18,7 +18,7 @@ endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: install demo test lint bench clean
-LINT_PATHS := rstreamer webapp workers tests
+LINT_PATHS := rstreamer rstreamer_tools webapp workers tests
 
 $(DEMO_STAMP): setup.cfg pyproject.toml
 	@echo "==> [1/4] virtual environment $(VENV)"

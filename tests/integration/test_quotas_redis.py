@@ -7,10 +7,10 @@ import time
 import pytest
 
 from rstreamer import AsyncRedisStreamer, ConfigError, RateLimited, RedisStreamer
-from rstreamer.keys import Keys
-from rstreamer.levelsource import ensure_groups, publish_levels, publish_quotas
-from rstreamer.priority import Levels
-from rstreamer.quotas import Quotas
+from rstreamer.batching.priority import Levels
+from rstreamer.batching.quotas import Quotas
+from rstreamer.wire.keys import Keys
+from rstreamer.worker.levelsource import ensure_groups, publish_levels, publish_quotas
 
 pytestmark = pytest.mark.integration
 
