@@ -30,7 +30,7 @@ from rstreamer.broker.connection import ping_broker
 from rstreamer.broker.embedded import redis_url_or_embedded
 from rstreamer.model.managed import Predictor, load_predictor
 from rstreamer.ops.metrics import percentile
-from rstreamer.worker.liveness import fleet_totals, wait_for_live_workers
+from rstreamer.wire.published import fleet_totals, wait_for_live_workers
 from rstreamer_tools.processes import stop_group
 
 LOAD_PAD = 0.5  # seconds of load before the measured window opens (queues fill, caches warm)

@@ -121,7 +121,7 @@ def redis_workers(count: int) -> Transport:
     def transport(model: str, kwargs: dict[str, Any], args: argparse.Namespace) -> Iterator[Served]:
         from rstreamer.client.sync import RedisStreamer
         from rstreamer.settings import WorkerSettings
-        from rstreamer.worker.liveness import wait_for_live_workers
+        from rstreamer.wire.published import wait_for_live_workers
         from rstreamer.worker.supervisor import Supervisor, WorkerSpec
 
         prefix = f"bench-cost-{uuid.uuid4().hex[:8]}"
@@ -148,7 +148,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _learned_cap(streamer: Any) -> int | None:
-    from rstreamer.worker.liveness import read_workers
+    from rstreamer.wire.published import read_workers
 
     _, workers = read_workers(streamer.redis, streamer.keys)
     caps: list[int] = [info["cost_cap"] for info in workers.values() if info.get("cost_cap")]

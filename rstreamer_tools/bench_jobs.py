@@ -63,7 +63,7 @@ def fleet(args: argparse.Namespace) -> Iterator[Any]:
     """``--workers`` supervised workers on a fresh prefix, and a RedisStreamer for it."""
     from rstreamer.client.sync import RedisStreamer
     from rstreamer.settings import ClientSettings, WorkerSettings
-    from rstreamer.worker.liveness import wait_for_live_workers
+    from rstreamer.wire.published import wait_for_live_workers
     from rstreamer.worker.supervisor import Supervisor, WorkerSpec
 
     prefix = f"bench-jobs-{uuid.uuid4().hex[:8]}"

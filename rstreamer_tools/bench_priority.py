@@ -242,7 +242,7 @@ def fleet(url: str, prefix: str, config: Fleet, log: Path, args: argparse.Namesp
     from rstreamer.broker.connection import create_redis
     from rstreamer.settings import WorkerSettings
     from rstreamer.wire.keys import Keys
-    from rstreamer.worker.liveness import wait_for_live_workers
+    from rstreamer.wire.published import wait_for_live_workers
     from rstreamer.worker.supervisor import Supervisor, WorkerSpec
 
     bound = max(config.batch_size * config.workers, int(args.queue_seconds * config.capacity))

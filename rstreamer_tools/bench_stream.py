@@ -166,7 +166,7 @@ def serving(model: str, workers: int, args: argparse.Namespace) -> Iterator[tupl
     """``workers`` supervised worker processes of ``model`` on a fresh prefix; the streamer and supervisor."""
     from rstreamer.client.sync import RedisStreamer
     from rstreamer.settings import WorkerSettings
-    from rstreamer.worker.liveness import wait_for_live_workers
+    from rstreamer.wire.published import wait_for_live_workers
     from rstreamer.worker.supervisor import Supervisor, WorkerSpec
 
     prefix = f"bench-stream-{uuid.uuid4().hex[:8]}"
@@ -199,7 +199,7 @@ def measure(policy: str, workers: int, args: argparse.Namespace, items: list[dic
 def measure_kill(args: argparse.Namespace, items: list[dict[str, Any]], reference: dict[int, str]) -> Run:
     """Continuous batching on 2 workers, one SIGKILLed once a quarter of the requests are done:
     every stream must end with the reference text (in order, no chunk repeated or missing)."""
-    from rstreamer.worker.liveness import read_workers
+    from rstreamer.wire.published import read_workers
 
     run = Run("continuous, SIGKILL", 2)
     with serving(CONTINUOUS, 2, args) as (streamer, supervisor):

@@ -23,7 +23,7 @@ from rstreamer.broker.embedded import redis_url_or_embedded
 from rstreamer.client.sync import RedisStreamer
 from rstreamer.model.managed import ManagedModel
 from rstreamer.settings import WorkerSettings
-from rstreamer.worker.liveness import wait_for_live_workers
+from rstreamer.wire.published import wait_for_live_workers
 from rstreamer.worker.supervisor import Supervisor, WorkerSpec
 
 

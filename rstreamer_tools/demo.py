@@ -35,7 +35,7 @@ from rstreamer.broker.embedded import free_port, redis_url_or_embedded
 from rstreamer.ops import metrics
 from rstreamer.settings import PREFIX_ENV, REDIS_URL_ENV
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import fleet_totals, wait_for_live_workers
+from rstreamer.wire.published import fleet_totals, wait_for_live_workers
 from rstreamer_tools.processes import stop_group
 from rstreamer_tools.sentences import SENTENCES, TRIPLES, cosine
 

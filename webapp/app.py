@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from rstreamer import BrokerUnavailable, RedisStreamer
 from rstreamer.broker.connection import RedisClient, create_redis
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import read_workers
+from rstreamer.wire.published import read_workers
 
 from . import jobs, metrics, protocol, sse
 from .config import WebConfig

@@ -22,9 +22,9 @@ from starlette.routing import Route
 
 from rstreamer import AsyncRedisStreamer, Cancelled
 from rstreamer.broker.connection import create_async_redis
-from rstreamer.wire import scripts as lua
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import parse_read_workers
+from rstreamer.wire.published import parse_read_workers
+from rstreamer.wire.scripts import scripts
 
 from . import jobs, metrics, protocol, sse
 from .config import WebConfig
@@ -198,7 +198,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 async def _read_workers(client: Any, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
     """The async twin of ``rstreamer.worker.liveness.read_workers``: one script, so Redis Cluster works too."""
-    return parse_read_workers(await client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
+    return parse_read_workers(await scripts(client).read_workers(keys=[keys.workers]))
 
 
 async def _healthz(request: Request) -> Response:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rstreamer.errors import NoLiveWorker
-from rstreamer.worker.liveness import live_workers
+from rstreamer.wire.published import live_workers
 
 Heartbeats = tuple[int, dict[str, dict[str, Any]]]
 """What ``rstreamer.worker.liveness.read_workers`` returns: the server's time (ms) and every heartbeat."""

@@ -18,7 +18,7 @@ import redis
 from rstreamer.batching.priority import MAX_LEVELS
 from rstreamer.batching.quotas import check_tenant
 from rstreamer.errors import BrokerUnavailable, ConfigError, RateLimited, RemoteError, RStreamerError
-from rstreamer.worker.liveness import live_workers
+from rstreamer.wire.published import live_workers
 
 logger = logging.getLogger(__name__)
 

@@ -29,13 +29,11 @@ from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from ..errors import ConfigError
+from ..model.managed import CostFunction
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-CostFunction = Callable[[Any], int]
-"""The cost of one input item (e.g. its number of tokens); 1 for every item by default."""
 
 
 class CostModel(str, Enum):

@@ -32,7 +32,7 @@ class Levels:
     ones may wait before a call at that level is refused (0: the client's ``max_queue``).
     Counting the more urgent levels too is what makes ``Overloaded`` hit the least urgent level
     first. ``fair``: within each level, tenants share the workers fairly (one item each in turn,
-    lua._FAIR_HELPERS) instead of in arrival order.
+    wire/lua/include/fair.lua) instead of in arrival order.
     """
 
     weights: tuple[int, ...] = (1,)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
@@ -33,8 +34,6 @@ from redis.sentinel import Sentinel
 
 from ..errors import BrokerUnavailable, ConfigError
 from ..settings import DEFAULT_REDIS_URL
-from ..wire import scripts as lua
-from ..wire.keys import Keys
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis as AsyncRedis
@@ -343,15 +342,6 @@ def scrub_password(message: str, url: str) -> str:
     return message.replace(password, "***") if password else message
 
 
-def ensure_group(client: RedisClient, keys: Keys, level: int = 0) -> None:
-    """Create the request stream of priority ``level`` and its consumer group if missing (idempotent).
-
-    A script flagged allow-oom: XGROUP CREATE alone is refused at maxmemory, even for a group
-    that exists, and a worker starting while Redis is full must still start.
-    """
-    client.register_script(lua.ENSURE_GROUP)(keys=[keys.requests_at(level)], args=[keys.group])
-
-
 def is_nogroup(exc: BaseException) -> bool:
     """True for the error Redis gives when the stream or its group vanished."""
     # XREADGROUP and XPENDING say NOGROUP, XINFO "no such key", and a blocked XREADGROUP
@@ -359,3 +349,30 @@ def is_nogroup(exc: BaseException) -> bool:
     message = str(exc).lower()
     return isinstance(exc, redis.ResponseError) and any(
         sign in message for sign in ("nogroup", "no such key", "no longer exists"))
+
+
+# A blocked BLPOP returns at least this often so that a vanished server is noticed within
+# the socket timeout instead of hanging.
+BLPOP_SLICE = 2.0
+# A client's broker errors are retried this many times, with a backoff of at most this many
+# seconds, within the call's deadline (the streamers' BLPOPs, the jobs' waits).
+RETRY_ATTEMPTS = 3
+RETRY_BACKOFF_CAP = 1.0
+
+
+def blpop_block(until: float) -> float | None:
+    """Seconds the next BLPOP may block before the monotonic time ``until``; None once it has passed."""
+    remaining = until - time.monotonic()
+    if remaining <= 0:
+        return None
+    # BLPOP treats 0 as "forever", so never pass less than 10 ms.
+    return max(0.01, min(remaining, BLPOP_SLICE))
+
+
+def retry_pause(failures: int, until: float) -> float | None:
+    """Seconds to wait before retrying after ``failures`` broker errors; None to give up."""
+    remaining = until - time.monotonic()
+    if failures >= RETRY_ATTEMPTS or remaining <= 0:
+        return None
+    return min(remaining, RETRY_BACKOFF_CAP, 0.05 * 2.0 ** failures)
+

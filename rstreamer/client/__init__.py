@@ -4,6 +4,7 @@ coalescer (``sync``, ``coalescer``), the asyncio streamer (``aio``) and streamed
 May import: ``ops``, ``jobs``, ``wire`` and below; never ``rstreamer.worker``.
 ``rstreamer.client.RedisStreamer`` keeps the path it had before this became a package.
 """
-from .sync import RedisFuture, RedisStreamer
+from .future import RedisFuture
+from .sync import RedisStreamer
 
 __all__ = ["RedisFuture", "RedisStreamer"]

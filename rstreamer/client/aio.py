@@ -20,23 +20,14 @@ import redis
 
 from ..batching.priority import Levels
 from ..batching.quotas import Quotas
-from ..broker.connection import create_async_redis
+from ..broker.connection import blpop_block, create_async_redis, retry_pause
 from ..errors import BrokerUnavailable, DecodeError
 from ..jobs.aio import AsyncJob, AsyncJobClient
 from ..settings import ClientSettings
-from ..wire import scripts as lua
-from ..wire.cancel import WITHDRAW_GRACE, cancel_args
+from ..wire.cancel import cancel_args
 from ..wire.replies import decode_reply, undecodable
-from .core import (
-    CLIENT_RETRIES,
-    MAX_CONNECTIONS,
-    SOCKET_TIMEOUT,
-    Call,
-    CallFactory,
-    blpop_block,
-    call_errors,
-    retry_pause,
-)
+from ..wire.scripts import scripts
+from .core import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, WITHDRAW_GRACE, Call, CallFactory, call_errors
 from .future import BaseFuture
 from .streams import AsyncChunkStream
 
@@ -66,8 +57,8 @@ class AsyncRedisStreamer:
         self.settings, self.url, self.keys = self.calls.settings, self.calls.url, self.calls.keys
         self.redis = create_async_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                         max_connections=max_connections)
-        self._enqueue_script = self.redis.register_script(lua.ENQUEUE_CALLS)
-        self._cancel_script = self.redis.register_script(lua.CANCEL)
+        self._enqueue_script = scripts(self.redis).enqueue_calls
+        self._cancel_script = scripts(self.redis).cancel
         self._poppers: set[asyncio.Future[None]] = set()
         self._withdrawals: set[asyncio.Future[None]] = set()
         self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 
 from ..batching.batcher import Outcome
-from ..broker.connection import RedisClient
+from ..broker.connection import RedisClient, blpop_block, retry_pause
 from ..errors import BrokerUnavailable, DecodeError
-from ..wire import scripts as lua
-from ..wire.cancel import WITHDRAW_GRACE, cancel_args
+from ..wire.cancel import cancel_args
 from ..wire.messages import Admission
 from ..wire.replies import decode_reply, undecodable
-from .core import MAX_CONNECTIONS, CallFactory, blpop_block, call_errors, retry_pause
+from ..wire.scripts import scripts
+from .core import MAX_CONNECTIONS, WITHDRAW_GRACE, CallFactory, call_errors
 
 if TYPE_CHECKING:
-    from .sync import RedisFuture
+    from .future import RedisFuture
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +155,8 @@ class Coalescer:
         self._redis = client
         self._url = url
         self._calls = calls
-        self._script = client.register_script(lua.ENQUEUE_CALLS)
-        self._cancel = client.register_script(lua.CANCEL)
+        self._script = scripts(client).enqueue_calls
+        self._cancel = scripts(client).cancel
         self._lock = threading.Lock()
         self._pending: list[Ticket] = []
         self._flushing = False

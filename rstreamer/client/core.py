@@ -10,33 +10,26 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import redis
 
 from ..batching.priority import check_priority
 from ..batching.quotas import check_tenant
-from ..broker.connection import broker_errors, normalize_broker_url
+from ..broker.connection import BLPOP_SLICE, broker_errors, normalize_broker_url
 from ..codec import core as codec
 from ..errors import CallTooLarge, EncodeError, InvalidPriority, Overloaded, RateLimited
 from ..ops.tracing import current_traceparent
 from ..settings import ClientSettings, prefix_from_env, redis_url_from_env
 from ..wire.keys import Keys
 from ..wire.messages import Admission, QueueLimits, Verdict, call_tenants, enqueue_args, enqueue_keys
+from ..wire.scripts import ScriptArgs
 
-# A blocked BLPOP returns at least this often so that a vanished server is noticed within
-# the socket timeout instead of hanging.
-BLPOP_SLICE = 2.0
 # Connections per streamer: each waiting group of calls holds one for its BLPOP, so redis-py's
 # default of 100 would fail the 101st concurrent caller with "Too many connections".
 MAX_CONNECTIONS = 1000
 
 
-class ScriptArgs(TypedDict):
-    """The keyword arguments of a redis-py Script call."""
-
-    keys: list[str]
-    args: list[Any]
 # The socket timeout of a streamer's connections: longer than the longest BLPOP slice. It bounds
 # a stalled socket call, not a call: callers stop waiting at their own deadline (issue 10 #4).
 SOCKET_TIMEOUT = BLPOP_SLICE + 3.0
@@ -44,25 +37,6 @@ SOCKET_TIMEOUT = BLPOP_SLICE + 3.0
 # enqueue the items twice, and a retry chain outlasts a call's deadline. BLPOPs are retried by
 # the streamers, within the deadline (RETRY_ATTEMPTS tries, backoff up to RETRY_BACKOFF_CAP).
 CLIENT_RETRIES = 0
-RETRY_ATTEMPTS = 3
-RETRY_BACKOFF_CAP = 1.0
-
-
-def blpop_block(until: float) -> float | None:
-    """Seconds the next BLPOP may block before the monotonic time ``until``; None once it has passed."""
-    remaining = until - time.monotonic()
-    if remaining <= 0:
-        return None
-    # BLPOP treats 0 as "forever", so never pass less than 10 ms.
-    return max(0.01, min(remaining, BLPOP_SLICE))
-
-
-def retry_pause(failures: int, until: float) -> float | None:
-    """Seconds to wait before retrying after ``failures`` broker errors; None to give up."""
-    remaining = until - time.monotonic()
-    if failures >= RETRY_ATTEMPTS or remaining <= 0:
-        return None
-    return min(remaining, RETRY_BACKOFF_CAP, 0.05 * 2.0 ** failures)
 
 
 @dataclass(frozen=True)
@@ -187,3 +161,8 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and (
         isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in str(exc)
     )
+
+
+WITHDRAW_GRACE = 2.0
+"""Seconds a streamer's close waits for the withdrawals of calls cancelled before it (a web
+process that cancels its calls and shuts down must not leave their items queued)."""

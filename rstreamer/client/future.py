@@ -9,6 +9,7 @@ from typing import Any
 from ..batching.batcher import Failure, Outcome
 from ..errors import Cancelled, StreamerTimeout, remote_error_from
 from ..ops.hooks import caller_woken
+from .core import Call
 
 
 class BaseFuture:
@@ -158,3 +159,11 @@ class Future(BaseFuture):
             raise self._timeout_error()
         caller_woken(self.answered_at)
         return self._values()
+
+
+class RedisFuture(Future):
+    """A Future answered by the streamer's I/O threads (see :mod:`rstreamer.client.coalescer`)."""
+
+    def __init__(self, call: Call) -> None:
+        super().__init__(len(call.payloads), call.timeout)
+        self.call = call

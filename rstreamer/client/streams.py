@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ..broker.connection import RedisClient
+from ..broker.connection import RedisClient, blpop_block, retry_pause
 from ..errors import BrokerUnavailable, RStreamerError, StreamerTimeout
-from ..wire import scripts as lua
 from ..wire.cancel import cancel_args
 from ..wire.chunks import CANCELLED, STREAMED, ChunkReader
 from ..wire.messages import REPLY_GRACE
-from .core import Call, CallFactory, ScriptArgs, blpop_block, call_errors, retry_pause
+from ..wire.scripts import ScriptArgs, scripts
+from .core import Call, CallFactory, call_errors
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis as AsyncRedis
@@ -138,7 +138,7 @@ class ChunkStream:
         with call_errors(self._redis_url):
             # Marked first: the worker reads the mark when it takes the item.
             self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
-            script = self._redis.register_script(lua.ENQUEUE_CALLS)
+            script = scripts(self._redis).enqueue_calls
             try:
                 state.enqueued(script(**state.enqueue_args()))
             except RStreamerError:
@@ -196,7 +196,7 @@ class ChunkStream:
             pipe.execute()
             withdraw = state.withdraw_args()
             if withdraw is not None:
-                self._redis.register_script(lua.CANCEL)(**withdraw)
+                scripts(self._redis).cancel(**withdraw)
 
     def __enter__(self) -> ChunkStream:
         return self
@@ -228,7 +228,7 @@ class AsyncChunkStream:
         state = self._state
         with call_errors(state.calls.url):
             await self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
-            script = self._redis.register_script(lua.ENQUEUE_CALLS)
+            script = scripts(self._redis).enqueue_calls
             state.started = True  # from here, leaving cancels
             reply = await script(**state.enqueue_args())
             try:
@@ -289,7 +289,7 @@ class AsyncChunkStream:
             await pipe.execute()
             withdraw = state.withdraw_args()
             if withdraw is not None:
-                await self._redis.register_script(lua.CANCEL)(**withdraw)
+                await scripts(self._redis).cancel(**withdraw)
 
     async def __aenter__(self) -> AsyncChunkStream:
         if not self._state.started:

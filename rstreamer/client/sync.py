@@ -9,11 +9,11 @@ from ..batching.quotas import Quotas
 from ..broker.connection import broker_errors, create_redis
 from ..jobs.sync import Job, JobClient
 from ..settings import ClientSettings
-from ..worker.levelsource import published_levels, published_quotas
+from ..wire.published import published_levels, published_quotas
 from .base import BaseStreamer
 from .coalescer import Coalescer
-from .core import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, Call, CallFactory
-from .future import Future
+from .core import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, CallFactory
+from .future import Future, RedisFuture
 from .streams import ChunkStream
 
 
@@ -117,9 +117,3 @@ class RedisStreamer(BaseStreamer):
         self.redis.close()
 
 
-class RedisFuture(Future):
-    """A Future answered by the streamer's I/O threads (see :mod:`rstreamer.client.coalescer`)."""
-
-    def __init__(self, call: Call) -> None:
-        super().__init__(len(call.payloads), call.timeout)
-        self.call = call

@@ -20,9 +20,9 @@ from ..batching.priority import Levels
 from ..broker.connection import broker_errors
 from ..errors import BrokerUnavailable, JobCancelled, JobNotFound
 from ..settings import JobSettings
-from ..wire import scripts as lua
 from ..wire.keys import Keys, job_token
 from ..wire.messages import WIRE_VERSION
+from ..wire.scripts import scripts
 from .sync import (
     PAGE,
     RETRY_PAUSE,
@@ -58,9 +58,9 @@ class AsyncJobClient:
         self.url = url
         self.max_item_bytes = max_item_bytes
         self.settings = settings or JobSettings.from_env()
-        self._create = client.register_script(lua.JOB_CREATE)
-        self.feed_script = client.register_script(lua.JOB_FEED)
-        self.cancel_script = client.register_script(lua.JOB_CANCEL)
+        self._create = scripts(client).job_create
+        self.feed_script = scripts(client).job_feed
+        self.cancel_script = scripts(client).job_cancel
 
     async def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
                      meta: Any = None, window: int | None = None, webhook: str | None = None) -> AsyncJob:

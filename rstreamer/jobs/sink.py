@@ -3,7 +3,7 @@
 An item of a job carries the token ``job:<id>`` instead of a caller's reply token. Before a
 batch runs, :meth:`JobSink.admit` drops the items of jobs that were cancelled, expired or
 purged (one script for the whole batch, and only when the batch holds job items). After it
-ran, :meth:`JobSink.record` stores the job answers in their jobs' results (lua.JOB_RECORD:
+ran, :meth:`JobSink.record` stores the job answers in their jobs' results (wire/lua/job_record.lua:
 first answer per index wins, counters, completion event, and the next items fed, in one
 atomic step) and hands the callers' answers on to the usual reply path. The record happens
 before the batch is acked: a worker that dies in between has its items run again by a peer,
@@ -18,9 +18,9 @@ from typing import Any, Protocol, TypeVar
 from ..batching.batcher import Outcome
 from ..broker.connection import RedisClient
 from ..codec import core as codec
-from ..wire import scripts as lua
 from ..wire.keys import Keys, job_of_token
 from ..wire.messages import WIRE_VERSION, Request, pack_results
+from ..wire.scripts import scripts
 
 LEVEL_CACHE = 1024
 """Job levels remembered by a worker (a job's level never changes)."""
@@ -52,8 +52,8 @@ class JobSink:
         self._keys = keys
         self._least_urgent = least_urgent
         self._max_bytes = max_bytes
-        self._admit = client.register_script(lua.JOB_ADMIT)
-        self._record = client.register_script(lua.JOB_RECORD)
+        self._admit = scripts(client).job_admit
+        self._record = scripts(client).job_record
         self._levels: OrderedDict[str, int | None] = OrderedDict()
         self.skipped = 0
 

@@ -25,8 +25,7 @@ import redis
 
 from ..batching.batcher import Outcome
 from ..batching.priority import Levels
-from ..broker.connection import RedisClient, broker_errors
-from ..client.core import BLPOP_SLICE
+from ..broker.connection import BLPOP_SLICE, RedisClient, broker_errors
 from ..codec import core as codec
 from ..errors import (
     BrokerUnavailable,
@@ -42,11 +41,11 @@ from ..errors import (
     remote_error_from,
 )
 from ..settings import JobSettings
-from ..wire import scripts as lua
 from ..wire.keys import Keys, is_job_id, job_token
 from ..wire.messages import WIRE_VERSION
+from ..wire.published import published_levels
 from ..wire.replies import decode_reply
-from ..worker.levelsource import published_levels
+from ..wire.scripts import scripts
 
 MAX_WEBHOOK_LENGTH = 2048
 MAX_META_BYTES = 64 * 1024
@@ -376,9 +375,9 @@ class JobClient:
         self.url = url
         self.max_item_bytes = max_item_bytes
         self.settings = settings or JobSettings.from_env()
-        self._create = client.register_script(lua.JOB_CREATE)
-        self.feed_script = client.register_script(lua.JOB_FEED)
-        self.cancel_script = client.register_script(lua.JOB_CANCEL)
+        self._create = scripts(client).job_create
+        self.feed_script = scripts(client).job_feed
+        self.cancel_script = scripts(client).job_cancel
 
     def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
                meta: Any = None, window: int | None = None, webhook: str | None = None) -> Job:

@@ -1,7 +1,7 @@
 """Webhooks of finished jobs, called by a thread of each worker, never by the model's thread.
 
 When a job with a webhook finishes (done, failed or cancelled), the script that finishes it
-adds a delivery to the prefix's ``webhooks`` stream (lua.JOB_RECORD, JOB_CANCEL). Every worker
+adds a delivery to the prefix's ``webhooks`` stream (wire/lua/job_record.lua, job_cancel.lua). Every worker
 runs one :class:`WebhookSender` thread, a consumer of that stream's group: each delivery goes to
 one sender, which POSTs the event as JSON, retries with a doubling pause, then acks and deletes
 the delivery, delivered or given up. A sender that dies holding a delivery has it taken over by
@@ -25,8 +25,8 @@ import redis
 from ..broker.connection import create_redis, redacted
 from ..settings import WebhookSettings
 from ..version import VERSION
-from ..wire import scripts as lua
 from ..wire.keys import Keys
+from ..wire.scripts import scripts
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class WebhookSender:
             while not self._stop.is_set():
                 try:
                     if not ready:  # the group, again after any error: the stream may have been deleted
-                        client.register_script(lua.ENSURE_GROUP)(keys=[self._keys.webhooks],
+                        scripts(client).ensure_group(keys=[self._keys.webhooks],
                                                                  args=[self._keys.webhook_group])
                         ready = True
                     self._step(client)

@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
-from ..batching.costing import CostFunction
 from ..errors import ConfigError
 
 
@@ -51,6 +50,9 @@ class ManagedModel:
         """
         return 1
 
+
+CostFunction = Callable[[Any], int]
+"""The cost of one input item (e.g. its number of tokens); 1 for every item by default."""
 
 Predictor = Callable[[list[Any]], Sequence[Any]]
 ModelSpec = Union[type[ManagedModel], Predictor, str]

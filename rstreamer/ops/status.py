@@ -19,10 +19,9 @@ import redis
 
 from ..batching.priority import Levels
 from ..broker.connection import RedisClient, StreamRows, is_nogroup
-from ..wire import scripts as lua
 from ..wire.keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
-from ..worker.levelsource import published_levels
-from ..worker.liveness import live_workers, read_workers
+from ..wire.published import live_workers, published_levels, read_workers
+from ..wire.scripts import scripts
 
 _WORKER_COUNTERS = ("batches", "items", "errors", "expired", "reclaimed", "dead_lettered", "cancelled")
 
@@ -32,7 +31,7 @@ class LevelDepth:
     """One priority level's stream at one instant: its entries, those delivered and not yet
     acked, and when (server ms) its oldest undelivered entry was added (None: none waits).
 
-    ``held``: items held for fair sharing between tenants (see lua._FAIR_HELPERS), included in
+    ``held``: items held for fair sharing between tenants (see wire/lua/include/fair.lua), included in
     ``stream_length``; ``oldest_ms`` then also covers the item next in line among them.
     """
 
@@ -91,7 +90,7 @@ def take_snapshots(client: RedisClient, prefixes: list[str]) -> list[Snapshot]:
 
 
 def _depths(client: RedisClient, keys: Keys, levels: Levels) -> tuple[LevelDepth, ...]:
-    script = client.register_script(lua.QUEUE_DEPTHS)
+    script = scripts(client).queue_depths
     reply = script(keys=[key for level in range(levels.count) for key in keys.level_keys(level)], args=[keys.group])
     rows = zip(levels.weights, reply[2:], strict=True)
     return tuple(LevelDepth(level, weight, int(length), int(pending), None if int(oldest) < 0 else int(oldest),

@@ -12,16 +12,11 @@ caller's own reply key.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from ..broker.connection import RedisClient
-from ..client.core import ScriptArgs
-from .keys import Keys, is_reply_token
+from .keys import Keys
 from .messages import REPLY_GRACE
-
-WITHDRAW_GRACE = 2.0
-"""Seconds a streamer's close waits for the withdrawals of calls cancelled before it (a web
-process that cancels its calls and shuts down must not leave their items queued)."""
+from .scripts import ScriptArgs
 
 
 def cancel_args(keys: Keys, token: str, level: int, entries: Sequence[tuple[bytes, int]], ttl_s: float,
@@ -32,22 +27,3 @@ def cancel_args(keys: Keys, token: str, level: int, entries: Sequence[tuple[byte
             "args": [keys.group, ttl_ms, int(whole), len(entries), *(e for e, _ in entries), *(i for _, i in entries)]}
 
 
-def cancelled_items(client: RedisClient, keys: Keys, items: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
-    """The ``(token, index)`` among ``items`` whose callers withdrew them.
-
-    One EXISTS over the batch's cancellation sets, which is all it costs when nobody cancelled
-    (the usual case); the sets that exist are then read in one pipeline.
-    """
-    # Job items are withdrawn by cancelling their job (rstreamer.jobs.sync), not one by one.
-    tokens = sorted({token for token, _ in items if is_reply_token(token)})
-    if not tokens:
-        return set()
-    names = [keys.cancelled(token) for token in tokens]
-    if not client.exists(*names):
-        return set()
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.smembers(name)
-    marked = {token: {m.decode() for m in members} for token, members in zip(tokens, pipe.execute(), strict=True)}
-    return {(token, index) for token, index in items
-            if marked.get(token) and ("*" in marked[token] or str(index) in marked[token])}

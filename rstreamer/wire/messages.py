@@ -193,7 +193,7 @@ def enqueue_keys(keys: Keys, priorities: Iterable[int], tenants: Sequence[str] =
 @dataclass(frozen=True)
 class Verdict:
     """The ENQUEUE_CALLS script's verdict on one call: ``reason`` 0 when it was added, else why
-    not, with a detail and the limit it hit (see lua.ENQUEUE_CALLS)."""
+    not, with a detail and the limit it hit (see wire/lua/enqueue_calls.lua)."""
 
     reason: int = 0
     detail: int = 0

@@ -32,7 +32,7 @@ from ..wire.keys import Keys
 from ..wire.messages import reply_ttl_ms
 
 if TYPE_CHECKING:
-    from .loop import Answer, DeadLetter, Parsed, WorkerStats
+    from .records import Answer, DeadLetter, Parsed, WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class GenerativeLane:
     def _deliver(self, event: Event[Job], pushes: Pushes, now: float) -> tuple[Answer | None, bool]:
         """Chunks to push for a streamed call, or the whole answer of a finished whole call; and
         whether the item left the lane (its entry is acked)."""
-        from .loop import Answer
+        from .records import Answer
 
         job = event.item
         request = job.parsed.request

@@ -13,53 +13,14 @@ import redis
 from redis.typing import KeyT, StreamIdT
 
 from ..batching.priority import DeficitScheduler, Levels, Reading
-from ..batching.quotas import Quotas
-from ..broker.connection import RedisClient, ensure_group, is_nogroup
-from ..wire import scripts as lua
+from ..broker.connection import RedisClient, is_nogroup
+from ..wire.groups import ensure_groups
 from ..wire.keys import Keys
+from ..wire.scripts import scripts
+from .records import Entry, field_dict
 
-Entry = tuple[bytes, "dict[bytes, bytes] | None"]
 LevelEntry = tuple[int, Entry]
 """An entry and the priority level (stream) it was read from."""
-
-LEVELS_TTL_S = 7 * 24 * 3600
-"""How long the published levels outlive the last worker that refreshed them: clients keep
-their levels through a fleet restart, and a prefix nobody serves any more forgets them."""
-
-
-def publish_levels(client: RedisClient, keys: Keys, levels: Levels) -> None:
-    """Tell clients which levels the workers serve (the ENQUEUE script refuses others).
-
-    One level is what an absent key means: such a worker writes nothing, exactly as before
-    levels existed (so a Redis ACL that gives it only its stream, heartbeats and dead letters
-    still suffices).
-    """
-    if levels.count > 1 or levels.max_queue != (0,) or levels.fair:
-        client.set(keys.levels, levels.to_json(), ex=LEVELS_TTL_S)
-
-
-def publish_quotas(client: RedisClient, keys: Keys, quotas: Quotas) -> None:
-    """Tell the ENQUEUE script the tenants' quotas (none configured: nothing written)."""
-    if quotas.enabled:
-        client.set(keys.quotas, quotas.to_json(), ex=LEVELS_TTL_S)
-
-
-def published_levels(client: RedisClient, keys: Keys) -> Levels:
-    """The levels the workers of ``keys`` published; one level when none did."""
-    raw = client.get(keys.levels)
-    return Levels.from_json(raw) if raw else Levels()
-
-
-def published_quotas(client: RedisClient, keys: Keys) -> Quotas:
-    """The tenant quotas the workers of ``keys`` published; none when none did."""
-    raw = client.get(keys.quotas)
-    return Quotas.from_json(raw) if raw else Quotas()
-
-
-def ensure_groups(client: RedisClient, keys: Keys, levels: int) -> None:
-    """Create every level's stream and consumer group if missing (idempotent)."""
-    for level in range(levels):
-        ensure_group(client, keys, level)
 
 
 class EntrySource(Protocol):
@@ -104,8 +65,8 @@ class LevelSource:
         self.scheduler = DeficitScheduler(levels)
         self._streams = [keys.requests_at(level) for level in range(levels.count)]
         self._level_keys = [key for level in range(levels.count) for key in keys.level_keys(level)]
-        self._read = client.register_script(lua.READ_LEVELS)
-        self._own_pending = client.register_script(lua.READ_OWN_PENDING)
+        self._read = scripts(client).read_levels
+        self._own_pending = scripts(client).read_own_pending
         self._cursors: list[str | None] = ["-"] * levels.count
 
     def rewind(self) -> None:
@@ -139,7 +100,7 @@ class LevelSource:
             return [], None
         entries: list[LevelEntry] = []
         for level, row in enumerate(reply):
-            entries += [(level, (entry_id, _field_dict(flat))) for entry_id, flat in row[4:]]
+            entries += [(level, (entry_id, field_dict(flat))) for entry_id, flat in row[4:]]
         reading = Reading(tuple(int(row[0]) for row in reply), tuple(int(row[1]) for row in reply),
                           tuple(bool(int(row[2])) for row in reply))
         self.scheduler.settle(max_items, reading)
@@ -159,10 +120,6 @@ class LevelSource:
                 rows = []  # the stream is gone, and our pending entries with it
             if rows:
                 self._cursors[level] = rows[-1][0].decode()
-                return [(level, (entry_id, _field_dict(flat))) for entry_id, flat in rows]
+                return [(level, (entry_id, field_dict(flat))) for entry_id, flat in rows]
             self._cursors[level] = None
         return []
-
-
-def _field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
-    return None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))

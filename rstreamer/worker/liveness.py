@@ -3,53 +3,16 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 
 from ..broker.connection import RedisClient
-from ..settings import WorkerSettings
-from ..wire import scripts as lua
 from ..wire.keys import Keys
+from ..wire.scripts import scripts
 
 logger = logging.getLogger(__name__)
-
-
-def parse_workers(raw: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
-    """Decode the workers hash; unreadable fields are skipped."""
-    workers = {}
-    for name, value in raw.items():
-        try:
-            info = json.loads(value)
-            if isinstance(info, dict) and isinstance(info.get("seen_ms"), (int, float)):
-                workers[name.decode()] = info
-        except (ValueError, UnicodeDecodeError):
-            continue
-    return workers
-
-
-def server_time_ms(time_reply: tuple[int, int]) -> int:
-    """Redis's TIME reply ``(seconds, microseconds)`` in milliseconds."""
-    seconds, micros = time_reply
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def read_workers(client: RedisClient, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
-    """The server's time (ms) and every worker's last heartbeat info."""
-    return parse_read_workers(client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
-
-
-def parse_read_workers(reply: list[Any]) -> tuple[int, dict[str, dict[str, Any]]]:
-    """The reply of the READ_WORKERS script as ``(server time in ms, workers)``."""
-    seconds, micros, flat = reply
-    return server_time_ms((seconds, micros)), parse_workers(dict(zip(flat[::2], flat[1::2], strict=True)))
-
-
-def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms: int) -> set[str]:
-    """Names of the workers whose last beat is at most ``dead_after_ms`` old."""
-    return {name for name, info in workers.items() if now_ms - info["seen_ms"] <= dead_after_ms}
 
 
 class Heartbeat:
@@ -72,7 +35,7 @@ class Heartbeat:
         self._name = name
         self._info = info
         self._ttl_ms = int(ttl * 1000)
-        self._script = client.register_script(lua.HEARTBEAT)
+        self._script = scripts(client).heartbeat
         self._failing = False
 
     def beat(self) -> None:
@@ -100,31 +63,3 @@ class Heartbeat:
             logger.warning("worker %s: could not remove heartbeat: %s", self._name, exc)
 
 
-class FleetTotals(NamedTuple):
-    """What the workers of a prefix have done, summed over their heartbeats."""
-
-    batches: int
-    items: int  # answered by the model
-    expired: int  # answered as expired without running
-
-
-def fleet_totals(client: RedisClient, keys: Keys) -> FleetTotals:
-    """The batches, items and expired items that every worker entry of ``keys`` reports."""
-    infos = read_workers(client, keys)[1].values()
-    return FleetTotals(*(sum(int(info.get(counter, 0)) for info in infos) for counter in FleetTotals._fields))
-
-
-def wait_for_live_workers(client: RedisClient, keys: Keys, count: int, timeout: float,
-                          dead_after: float = WorkerSettings.dead_after) -> None:
-    """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s.
-
-    The one place that waits for a fleet: the CLI's tools, the demo and the benchmarks use it.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        now_ms, workers = read_workers(client, keys)
-        if len(live_workers(now_ms, workers, int(dead_after * 1000))) >= count:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{count} workers did not start within {timeout:g}s")
-        time.sleep(0.05)

@@ -10,27 +10,25 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, cast
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
 
 import redis
 
-from ..batching.batcher import Batcher, BatchObserver, BatchStats, Failure, Outcome, answer_batch
+from ..batching.batcher import Batcher, BatchObserver, Failure, Outcome, answer_batch
 from ..batching.costing import OomGuard, oom_error_types, safe_cost
 from ..broker.clock import ServerClock
-from ..broker.connection import RedisClient, create_redis, ensure_group, is_nogroup, normalize_broker_url, redacted
+from ..broker.connection import create_redis, is_nogroup, normalize_broker_url, redacted
 from ..errors import FailureKind
 from ..jobs.sink import JobSink
 from ..jobs.webhooks import WebhookSender
 from ..model.managed import ModelSpec, Predictor, load_predictor, model_costing
 from ..ops.hooks import WorkerHooks
 from ..settings import WorkerSettings, redis_url_from_env
-from ..wire import scripts as lua
-from ..wire.cancel import cancelled_items
+from ..wire.groups import ensure_group, ensure_groups
 from ..wire.keys import Keys
 from ..wire.messages import (
-    WIRE_VERSION,
     MalformedEntry,
     Request,
     pack_results,
@@ -39,141 +37,25 @@ from ..wire.messages import (
     reply_ttl_ms,
     reply_version,
 )
+from ..wire.published import live_workers, publish_levels, publish_quotas, read_workers
+from ..wire.scripts import scripts
 from .beater import Beater
 from .generative_lane import GenerativeLane, LaneIO, Pushes, model_of
-from .levelsource import LevelSource, SingleLevel, ensure_groups, publish_levels, publish_quotas
-from .liveness import Heartbeat, live_workers, read_workers
+from .levelsource import LevelSource, SingleLevel
+from .liveness import Heartbeat
 from .reclaim import Reclaimer, plan_reclaim
+from .records import Answer, DeadLetter, Entry, Parsed, WorkerStats
+from .sources import ParsedSource, StreamSource, cancelled_items
 
 logger = logging.getLogger(__name__)
 
-Entry = tuple[bytes, "dict[bytes, bytes] | None"]
 MAX_RETRY_DELAY = 10.0
 """Longest wait between two attempts to reach Redis at start-up."""
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The outcome of one item, addressed to its caller."""
-
-    token: str
-    index: int
-    outcome: Outcome[Any]
-    version: int = WIRE_VERSION  # the reply goes out in the version of the entry
-    deadline: float = 0.0  # the caller's, on the server's clock: the reply lives until then
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """An entry to move to the dead-letter stream, and why."""
-
-    entry_id: bytes
-    fields: dict[bytes, bytes] | None
-    reason: str
-    deliveries: int = 1  # times it was read; `rstreamer dead list` shows it
-    level: int = 0
-
-
-@dataclass
-class WorkerStats(BatchStats):
-    """Counters a worker publishes in its heartbeat."""
-
-    reclaimed: int = 0
-    dead_lettered: int = 0
-    cancelled: int = 0  # items their callers withdrew after this worker read them, not run
-
-
-class StreamSource:
-    """The ItemSource of a worker: XREADGROUP on the prefix's request stream.
-
-    After a failed reply (see :meth:`rewind`), the entries this consumer read but could not
-    ack are served again first, each once, in id order, from a cursor; only then new ones.
-    """
-
-    def __init__(self, client: RedisClient, keys: Keys, consumer: str) -> None:
-        self._client = client
-        self._keys = keys
-        self._consumer = consumer
-        self._own_pending = client.register_script(lua.READ_OWN_PENDING)
-        # The last own pending entry served, "-" for none yet; None: serve new entries.
-        self._cursor: str | None = "-"
-
-    def rewind(self) -> None:
-        """Serve this consumer's own unacked entries again, before new ones."""
-        self._cursor = "-"
-
-    def fetch(self, max_items: int, timeout: float) -> list[Entry]:
-        """Up to ``max_items`` entries: this consumer's own backlog first, then new ones (blocking ``timeout`` s)."""
-        if self._cursor is not None:
-            backlog = self._read_own_pending(self._cursor, max_items)
-            if backlog:
-                return backlog
-            self._cursor = None
-        # BLOCK 0 means forever, so a wait is never shorter than 1 ms; no BLOCK: no wait.
-        block = max(1, int(timeout * 1000)) if timeout > 0 else None
-        try:
-            reply = cast("list[tuple[bytes, list[Entry]]] | None", self._client.xreadgroup(
-                self._keys.group, self._consumer, {self._keys.requests: ">"}, count=max_items, block=block
-            ))  # our client does not decode replies
-        except redis.ResponseError as exc:
-            if not is_nogroup(exc):
-                raise
-            ensure_group(self._client, self._keys)
-            return []
-        return [(entry_id, fields) for _, stream_entries in (reply or []) for entry_id, fields in stream_entries]
-
-    def _read_own_pending(self, cursor: str, max_items: int) -> list[Entry]:
-        # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.
-        try:
-            rows: list[tuple[bytes, list[bytes] | None]] = self._own_pending(
-                keys=[self._keys.requests], args=[self._keys.group, self._consumer, cursor, max_items])
-        except redis.ResponseError as exc:
-            if not is_nogroup(exc):
-                raise
-            return []  # the stream is gone, and our pending entries with it
-        entries = [(entry_id, _field_dict(flat)) for entry_id, flat in rows]
-        if entries:
-            self._cursor = entries[-1][0].decode()
-        return entries
-
-
-def _field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
-    return None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """A stream entry as read, and what it decoded to: a Request, or why it is malformed;
-    ``level``: the priority level (stream) it was read from."""
-
-    entry_id: bytes
-    fields: dict[bytes, bytes] | None
-    request: Request | None = None
-    error: MalformedEntry | None = None
-    level: int = 0
-
-    @property
-    def entry(self) -> Entry:
-        """The stream entry as it was read: (id, fields)."""
-        return self.entry_id, self.fields
 
 
 def _level_of(parsed: Parsed) -> int:
     """The priority level an entry was read from: its urgency for cost-aware batching."""
     return parsed.level
-
-
-class ParsedSource:
-    """The worker's ItemSource: entries decoded as they are read, so that a cost-aware batch
-    knows each item's cost (``ManagedModel.cost`` takes the decoded input)."""
-
-    def __init__(self, source: SingleLevel | LevelSource, parse: Callable[[Entry, int], Parsed]) -> None:
-        self._source = source
-        self._parse = parse
-
-    def fetch(self, max_items: int, timeout: float) -> list[Parsed]:
-        """The next entries of the streams, each decoded with the level it was read from."""
-        return [self._parse(entry, level) for level, entry in self._source.fetch(max_items, timeout)]
 
 
 class RedisWorker:
@@ -225,7 +107,7 @@ class RedisWorker:
         self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
                                       self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
-        self._finish_script = self._redis.register_script(lua.FINISH)
+        self._finish_script = scripts(self._redis).finish
         # Items of durable jobs (rstreamer.jobs.sync); they ride the least urgent level by default.
         self._jobs = JobSink(self._redis, self.keys, least_urgent=self.levels.count - 1)
         self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
@@ -459,7 +341,7 @@ class RedisWorker:
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]],
                 pushes: Pushes | None = None) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
-        (lua.FINISH): no reply without its ack, and a full Redis still drains. ``acks``: the
+        (wire/lua/finish.lua): no reply without its ack, and a full Redis still drains. ``acks``: the
         ``(level, entry id)`` of every entry answered. ``pushes``: more messages per reply token,
         with the reply's TTL (a generative lane's chunks). Answers to job items are recorded in
         their jobs first (see rstreamer.jobs.sink)."""

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..broker.connection import RedisClient
-from ..wire import scripts as lua
 from ..wire.keys import Keys
-from .liveness import live_workers, read_workers
+from ..wire.published import live_workers, read_workers
+from ..wire.scripts import scripts
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Reclaimer:
         self._me = me
         self._dead_after_ms = int(dead_after * 1000)
         self._min_idle_ms = int(min_idle * 1000)
-        self._forget = client.register_script(lua.FORGET_CONSUMER)
+        self._forget = scripts(client).forget_consumer
 
     def dead_consumers(self) -> list[tuple[str, int]]:
         """``(name, pending count)`` of every consumer in the group without a live heartbeat."""
@@ -92,7 +92,7 @@ class Reclaimer:
     def forget(self, consumer: str) -> bool:
         """Remove a dead consumer that holds nothing; True if it was removed.
 
-        Re-checked and deleted in one script (lua.FORGET_CONSUMER): a stalled consumer that
+        Re-checked and deleted in one script (wire/lua/forget_consumer.lua): a stalled consumer that
         read entries since :meth:`dead_consumers` listed it keeps them.
         """
         removed = self._forget(keys=[self._stream, self._keys.workers],

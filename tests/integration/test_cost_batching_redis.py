@@ -13,7 +13,7 @@ import pytest
 from rstreamer import RedisStreamer, RemoteError
 from rstreamer.ops.status import prefix_status
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import read_workers
+from rstreamer.wire.published import read_workers
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration

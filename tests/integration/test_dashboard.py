@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from rstreamer import RedisStreamer
-from rstreamer.broker.connection import ensure_group
 from rstreamer.broker.embedded import free_port
+from rstreamer.wire.groups import ensure_group
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.messages import DEADLINE, REMAINING, TOKEN, unpack_results
 from support import procs

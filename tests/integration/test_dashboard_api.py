@@ -7,9 +7,9 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from rstreamer.broker.connection import ensure_group
 from rstreamer.ops.dashboard.app import Options, create_app
 from rstreamer.ops.dashboard.sampler import Sampler
+from rstreamer.wire.groups import ensure_group
 from rstreamer.wire.keys import Keys
 
 

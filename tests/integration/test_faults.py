@@ -20,7 +20,7 @@ from rstreamer import (
     StreamerTimeout,
 )
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import read_workers
+from rstreamer.wire.published import read_workers
 from support.procs import live_pids, wait_for_workers, wait_until
 
 

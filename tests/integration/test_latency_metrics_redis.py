@@ -7,8 +7,8 @@ import time
 from prometheus_client import CollectorRegistry
 
 from rstreamer import RedisStreamer, RedisWorker
-from rstreamer.broker.connection import ensure_group
 from rstreamer.ops.metrics import WorkerMetrics
+from rstreamer.wire.groups import ensure_group
 from rstreamer.wire.keys import Keys
 from support.procs import wait_until
 

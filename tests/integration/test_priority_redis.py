@@ -17,8 +17,9 @@ from rstreamer import (
     RedisStreamer,
 )
 from rstreamer.batching.priority import Levels
+from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.levelsource import ensure_groups, publish_levels, published_levels
+from rstreamer.wire.published import publish_levels, published_levels
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import pytest
 
 from rstreamer import RedisStreamer
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import read_workers
+from rstreamer.wire.published import read_workers
 from support.procs import wait_until
 
 

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from rstreamer import RedisStreamer
-from rstreamer.broker.connection import ensure_group
 from rstreamer.broker.embedded import free_port
 from rstreamer.cli import status_main
+from rstreamer.wire.groups import ensure_group
 from rstreamer.wire.keys import Keys
 from support import procs
 from support.procs import wait_until

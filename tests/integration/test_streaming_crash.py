@@ -14,7 +14,7 @@ import pytest
 from rstreamer import DeadLettered, RedisStreamer, Restarted
 from rstreamer.broker.connection import create_redis
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import read_workers
+from rstreamer.wire.published import read_workers
 from support.procs import WorkerProcesses, wait_until
 
 TICKER = "support.models:Ticker"

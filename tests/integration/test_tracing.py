@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from rstreamer import RedisStreamer, RedisWorker
-from rstreamer.broker.connection import ensure_group
 from rstreamer.ops.tracing import TRACEPARENT, WorkerTracer, current_traceparent, parent_of, traced_predict
+from rstreamer.wire.groups import ensure_group
 from rstreamer.wire.keys import Keys
 from support.procs import wait_until
 

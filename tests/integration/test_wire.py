@@ -18,12 +18,12 @@ import pytest
 
 from rstreamer import ClientSettings, RedisStreamer
 from rstreamer.batching.batcher import Outcome
-from rstreamer.broker.connection import ensure_group
 from rstreamer.codec import core as codec
 from rstreamer.errors import Overloaded, RemoteError, StreamerTimeout
+from rstreamer.wire.groups import ensure_group
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.messages import unpack_results
-from rstreamer.worker.liveness import server_time_ms
+from rstreamer.wire.published import server_time_ms
 from support import procs
 from support.procs import TESTS, wait_for_workers, wait_until
 from support.system import debian_tool

@@ -10,7 +10,7 @@ from typing import Any
 
 from rstreamer.broker.connection import create_redis
 from rstreamer.wire.keys import Keys
-from rstreamer.worker.liveness import read_workers
+from rstreamer.wire.published import read_workers
 from rstreamer_tools.processes import stop_group
 from support.polling import wait_until
 

@@ -17,7 +17,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rstreamer.ops import metrics
-from rstreamer.worker.loop import WorkerStats
+from rstreamer.worker.records import WorkerStats
 from support.system import debian_tool
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"

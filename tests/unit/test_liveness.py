@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rstreamer.worker.liveness import live_workers, parse_workers, server_time_ms
+from rstreamer.wire.published import live_workers, parse_workers, server_time_ms
 
 
 def beat(seen_ms, **extra) -> bytes:

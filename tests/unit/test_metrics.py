@@ -11,7 +11,7 @@ from rstreamer.broker.embedded import free_port
 from rstreamer.errors import BrokerUnavailable, DeadLettered, EncodeError, Overloaded, RemoteError, StreamerTimeout
 from rstreamer.ops import metrics
 from rstreamer.ops.status import Snapshot, format_all_prefixes, format_prefix_status, throughput, worker_rows
-from rstreamer.worker.loop import WorkerStats
+from rstreamer.worker.records import WorkerStats
 from rstreamer.worker.supervisor import StatsSummary
 
 

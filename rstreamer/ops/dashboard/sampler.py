@@ -48,11 +48,13 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="dashboard-sampler", daemon=True)
 
     def start(self) -> Sampler:
+        """Take a first sample now, then one every ``interval`` seconds in a daemon thread."""
         self.sample()
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop sampling (waits for the sample in flight)."""
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval + 5)
