@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from rstreamer import JobState, RedisStreamer, verify_webhook_signature
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
-from rstreamer.tools.processes import stop_group
-from rstreamer.webhook_targets import TargetRefused
+from rstreamer.broker.embedded import free_port
+from rstreamer.jobs.webhook_targets import TargetRefused
+from rstreamer.wire.keys import Keys
+from rstreamer_tools.processes import stop_group
 from support.polling import wait_until
 
 LOOPBACK = "127.0.0.0/8,localhost"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rstreamer.webhook_http import Attempt, WebhookPoster, resolve_within, system_resolve
-from rstreamer.webhook_targets import TargetPolicy, parse_address
+from rstreamer.jobs.webhook_http import Attempt, WebhookPoster, resolve_within, system_resolve
+from rstreamer.jobs.webhook_targets import TargetPolicy, parse_address
 from support.polling import wait_until
 from support.tls import make_certificates
 

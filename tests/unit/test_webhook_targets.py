@@ -7,10 +7,10 @@ import pytest
 
 from rstreamer import cli, verify_webhook_signature
 from rstreamer.errors import ConfigError
-from rstreamer.jobs import check_webhook
+from rstreamer.jobs.sync import check_webhook
 from rstreamer.settings import WebhookSettings, WorkerSettings
-from rstreamer.webhook_http import sign
-from rstreamer.webhook_targets import TargetPolicy, TargetRefused, check_url, default_refusal, origin
+from rstreamer.jobs.webhook_http import sign
+from rstreamer.jobs.webhook_targets import TargetPolicy, TargetRefused, check_url, default_refusal, origin
 
 REFUSED = {
     "127.0.0.1": "loopback", "127.8.9.10": "loopback", "::1": "loopback",
@@ -103,7 +103,7 @@ def test_the_allow_list_comes_from_the_command_line_the_environment_or_nowhere(m
     args = cli.parse_worker_args(["--webhook-allow", "hooks.internal", *base], {"RSTREAMER_WEBHOOK_ALLOW": "x.y"})
     spec = cli.build_worker_spec(args, WorkerSettings())
     assert spec.settings.webhooks.webhook_allow == "hooks.internal"
-    assert spec.settings.webhooks.targets().names == frozenset({"hooks.internal"})
+    assert spec.settings.webhooks.allow_list().names == frozenset({"hooks.internal"})
 
 
 def test_worker_settings_read_the_webhook_settings_from_the_environment(monkeypatch):
