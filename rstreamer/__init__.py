@@ -28,12 +28,12 @@ from .errors import (
     WorkerStartupError,
 )
 from .jobs.sync import Job, JobItem, JobState, Progress
+from .jobs.webhook_http import verify_webhook_signature
 from .local import Streamer, ThreadedStreamer
 from .model.generative import GenerativeModel, Step
 from .model.managed import ManagedModel
 from .settings import ClientSettings, JobSettings, WorkerSettings
 from .version import VERSION
-from .jobs.webhook_http import verify_webhook_signature
 from .wire.chunks import Restarted
 from .worker.loop import RedisWorker
 from .worker.supervisor import run_redis_workers_forever

@@ -8,9 +8,9 @@ import pytest
 from rstreamer import cli, verify_webhook_signature
 from rstreamer.errors import ConfigError
 from rstreamer.jobs.sync import check_webhook
-from rstreamer.settings import WebhookSettings, WorkerSettings
 from rstreamer.jobs.webhook_http import sign
 from rstreamer.jobs.webhook_targets import TargetPolicy, TargetRefused, check_url, default_refusal, origin
+from rstreamer.settings import WebhookSettings, WorkerSettings
 
 REFUSED = {
     "127.0.0.1": "loopback", "127.8.9.10": "loopback", "::1": "loopback",
