@@ -12,12 +12,12 @@ import pytest
 import redis
 
 from rstreamer import DeadLettered, RedisStreamer, RedisWorker, codec
-from rstreamer import worker as worker_module
-from rstreamer.job_sink import JobSink
-from rstreamer.keys import Keys
-from rstreamer.messages import unpack_results
-from rstreamer.scheduler import Scheduler
-from rstreamer.streaming import GenerativeLane
+from rstreamer.batching.scheduler import Scheduler
+from rstreamer.jobs.sink import JobSink
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import unpack_results
+from rstreamer.worker import loop as worker_module
+from rstreamer.worker.generative_lane import GenerativeLane
 from support.procs import WorkerProcesses, live_pids, wait_until
 
 pytestmark = pytest.mark.integration

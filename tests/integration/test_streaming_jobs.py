@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from rstreamer import JobState, RedisStreamer, RemoteError
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 from support.procs import WorkerProcesses, live_pids, wait_until
 from support.web import WebServers
 

@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from rstreamer import AsyncRedisStreamer, ConfigError, InvalidPriority, RateLimited, RedisStreamer, codec
-from rstreamer.chunks import STREAMED, ChunkReader
-from rstreamer.keys import Keys
-from rstreamer.messages import unpack_results
-from rstreamer.quotas import Quotas
+from rstreamer.batching.quotas import Quotas
+from rstreamer.wire.chunks import STREAMED, ChunkReader
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import unpack_results
 from support.procs import WorkerProcesses, wait_until
 from support.web import WebServers
 

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from rstreamer import AsyncRedisStreamer, RedisStreamer, RemoteError, StreamerTimeout
-from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
 from support.procs import WorkerProcesses, wait_until
 
 DECODER = "workers.decoder:TinyDecoder"
