@@ -50,6 +50,13 @@ REPLY_GRACE = 1.0
 
 _ENVELOPE = 1024  # bytes a reply message may need beyond its outputs (headers, indexes, errors)
 
+MAX_INDEX = 2**32 - 1
+"""The largest item index an entry may carry (a batch is far smaller; a larger one could not be
+answered: msgpack and the Lua scripts stop at 64 bits)."""
+MAX_WIRE_MS = 2**53
+"""The largest time in ms (remaining timeout, version-1 deadline) an entry may carry: exact as
+a float, and a reply TTL derived from it stays within what PEXPIRE accepts."""
+
 
 @dataclass(frozen=True)
 class Request:
@@ -82,9 +89,10 @@ def reply_address(fields: Mapping[bytes, bytes] | None) -> tuple[str, int] | Non
     if token is None or not is_answer_token(token):
         return None
     try:
-        return token, int(fields.get(INDEX, b""))
+        index = int(fields.get(INDEX, b""))
     except ValueError:
         return None
+    return (token, index) if 0 <= index <= MAX_INDEX else None
 
 
 def entry_version(fields: Mapping[bytes, bytes] | None) -> int | None:
@@ -128,9 +136,9 @@ def parse_request(
             f"{WIRE_VERSION}): upgrade the workers before the web fleet", token, index)
     try:
         if version == WIRE_VERSION:
-            deadline = entry_time(entry_id) + int(fields[REMAINING]) / 1000
+            deadline = entry_time(entry_id) + _wire_ms(fields[REMAINING]) / 1000
         else:
-            deadline = int(fields[DEADLINE]) / 1000 + wall_to_server
+            deadline = _wire_ms(fields[DEADLINE]) / 1000 + wall_to_server
     except (KeyError, ValueError):
         raise MalformedEntry("missing or invalid deadline", token, index, version) from None
     if PAYLOAD not in fields:
@@ -140,6 +148,15 @@ def parse_request(
     except DecodeError as exc:
         raise MalformedEntry(f"undecodable payload: {exc}", token, index, version) from None
     return Request(entry_id, token, index, deadline, payload, version)
+
+
+def _wire_ms(raw: bytes) -> int:
+    """A time in ms from an entry; ValueError unless it is an integer in 0..MAX_WIRE_MS (a huge
+    one would overflow the deadline's float or the reply's PEXPIRE)."""
+    value = int(raw)
+    if not 0 <= value <= MAX_WIRE_MS:
+        raise ValueError(f"{value} ms is out of range")
+    return value
 
 
 # admission (the ENQUEUE_CALLS script) ------------------------------------------------------
