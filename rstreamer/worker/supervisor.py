@@ -22,7 +22,8 @@ from ..batching.batcher import BatchStats
 from ..errors import ConfigError
 from ..model.managed import ModelSpec, model_ref, resolve_model
 from ..ops.logs import configure_logging
-from ..settings import WorkerSettings
+from ..settings import ShelfSettings, WorkerSettings
+from ..shelf.spec import Shelf
 from ..wire.keys import Keys
 from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, process_context, round_robin
 
@@ -44,7 +45,9 @@ class WorkerSpec:
     The batch size and latency are ``settings.batch_size`` and ``settings.max_latency`` (one
     source for them, as for every worker setting). ``metrics_port``: the worker of slot ``i``
     serves Prometheus metrics on ``metrics_port + i`` (None: no metrics). ``log_interval``:
-    seconds between two info summary lines (0: none).
+    seconds between two info summary lines (0: none). ``shelf``: serve the models of a shelf
+    instead of ``model`` on ``prefix`` (each worker holds ``shelf_settings.slots`` of them at once;
+    see rstreamer.worker.shelf).
     """
 
     model: ModelSpec
@@ -57,6 +60,8 @@ class WorkerSpec:
     log_level: str = "INFO"
     metrics_port: int | None = None
     log_interval: float = 10.0
+    shelf: Shelf | None = None
+    shelf_settings: ShelfSettings | None = None
 
 
 def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None:
@@ -71,6 +76,9 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     from ..ops.tracing import worker_tracer
     from .loop import RedisWorker
 
+    if spec.shelf is not None:
+        _serve_shelf(spec, spec.shelf, gpu_id, slot)
+        return
     try:
         resolve_model(spec.model)  # imported once here; the worker's load finds it in sys.modules
     except ConfigError as exc:
@@ -90,6 +98,36 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
         StatsSummary(worker.name, worker.stats, spec.log_interval).start()
     threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
     worker.run_forever()
+
+
+def _serve_shelf(spec: WorkerSpec, shelf: Shelf, gpu_id: int | None, slot: int) -> None:
+    """Entry point of one shelf worker process (the models are imported when they are loaded)."""
+    from ..ops.tracing import worker_tracer
+    from .shelf import ShelfWorker
+
+    metrics = _shelf_metrics(spec, shelf, slot, gpu_id)
+    worker = ShelfWorker(shelf, spec.redis_url, settings=spec.shelf_settings, worker_settings=spec.settings,
+                         gpu_id=gpu_id, hooks=metrics, tracer=worker_tracer)
+    if metrics is not None:
+        metrics.worker = worker.name
+    threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
+    worker.run_forever()
+
+
+def _shelf_metrics(spec: WorkerSpec, shelf: Shelf, slot: int, gpu_id: int | None) -> Any:
+    if spec.metrics_port is None:
+        return None
+    from ..ops.metrics import ShelfMetrics
+
+    metrics = ShelfMetrics(shelf.name, gpu=gpu_id)
+    port = spec.metrics_port + slot
+    try:
+        metrics.serve(port)
+    except OSError as exc:
+        logger.error("cannot serve metrics on port %d (%s); running without a metrics endpoint", port, exc)
+    else:
+        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
+    return metrics
 
 
 def _stop_when_orphaned(worker: Any, parent: int, interval: float = 1.0) -> None:

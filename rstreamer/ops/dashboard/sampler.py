@@ -17,7 +17,7 @@ import redis
 
 from ...broker.connection import RedisClient
 from ...wire.keys import Keys
-from .. import status
+from .. import shelves, status
 from ..deadletters import as_json, read_dead_letters
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class Sampler:
             snapshots = status.take_snapshots(self.client, prefixes)
             state: dict[str, Any] = {"now_ms": 0, "prefixes": [self._prefix(s) for s in snapshots], "error": None}
             state["now_ms"] = max((p["now_ms"] for p in state["prefixes"]), default=0)
+            state["shelves"] = shelves.shelves_status(self.client, self.dead_after)
         except redis.RedisError as exc:
             logger.warning("dashboard: cannot read Redis: %s", exc)
             with self._lock:

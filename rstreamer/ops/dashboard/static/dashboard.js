@@ -88,6 +88,35 @@ function prefixSection(p) {
     table(deadColumns, p.dead.map(d => deadRow(p.prefix, d)), "dead", "none"));
 }
 
+// The shelves: per worker the models it holds, per model its holders, backlog, loads and load time.
+function shelfWorkerRow(w) {
+  const busy = [["loading", w.loading], ["refusing", w.refusing]].filter(([, list]) => list.length)
+    .map(([kind, list]) => `${kind} ${list.join(", ")}`).join("; ");
+  return el("tr", { "data-testid": "shelf-worker", "data-pid": w.pid },
+    el("td", {}, w.host ?? "-"), el("td", {}, w.pid ?? "-"), el("td", {}, `${w.held.length} / ${w.slots}`),
+    el("td", {}, w.held.join(", ") || "-"), el("td", {}, busy || "-"), el("td", {}, w.loads), el("td", {}, w.evictions));
+}
+
+function shelfModelRow(m) {
+  const seconds = v => (v === null || v === undefined ? "-" : v.toFixed(2));
+  return el("tr", { "data-testid": "shelf-model", "data-model": m.model, class: m.error ? "bad" : "" },
+    el("td", {}, m.model), el("td", {}, m.holders.length ? m.holders.length : (m.loading.length ? "loading" : "cold")),
+    el("td", {}, m.backlog), el("td", {}, m.oldest_wait_s.toFixed(2)), el("td", {}, m.loads), el("td", {}, m.evictions),
+    el("td", {}, seconds(m.load_s)), el("td", {}, m.bytes ? `${(m.bytes / 2 ** 20).toFixed(1)} MiB` : "-"),
+    el("td", {}, m.waited), el("td", {}, m.error ?? ""));
+}
+
+function shelfSection(s) {
+  return el("section", { class: "prefix shelf", "data-testid": "shelf", "data-shelf": s.shelf },
+    el("h2", {}, `shelf ${s.shelf}`),
+    el("h3", {}, "shelf workers"),
+    table(["host", "pid", "slots used", "holds", "busy", "loads", "evictions"], s.workers.map(shelfWorkerRow),
+      "shelf-workers", "no live shelf worker"),
+    el("h3", {}, "models"),
+    table(["model", "holders", "backlog", "oldest wait (s)", "loads", "evictions", "load (s)", "resident",
+      "waited for a load", "failure"], s.models.map(shelfModelRow), "shelf-models", "no model"));
+}
+
 function showError(text) {
   const box = document.getElementById("error");
   box.hidden = !text;
@@ -103,6 +132,7 @@ async function refresh() {
     const sections = state.prefixes.map(prefixSection);
     document.getElementById("prefixes").replaceChildren(...(sections.length ? sections
       : [el("p", { class: "empty" }, "no prefix found (no request stream in this Redis yet)")]));
+    document.getElementById("shelves").replaceChildren(...(state.shelves || []).map(shelfSection));
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (err) {
     showError(`dashboard server unreachable: ${err}`);
