@@ -287,7 +287,7 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     options = {dest: getattr(args, dest) for dest in SETTINGS_OPTIONS}
     settings = (settings or WorkerSettings.from_env()).replace(**options)
     settings = settings.replace(webhooks=settings.webhooks.replace(webhook_allow=args.webhook_allow))
-    if args.shelf:
+    if getattr(args, "shelf", None):  # a namespace built by hand may lack the shelf options
         shelf, shelf_settings = _shelf_of(args, settings)
         return WorkerSpec(f"shelf {shelf.name!r}", url, "", settings=settings, log_level=args.log_level,
                           metrics_port=args.metrics_port, log_interval=args.log_interval, shelf=shelf,
@@ -331,7 +331,7 @@ def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
     from .wire.keys import Keys
 
     shown = redacted(args.redis)
-    if args.shelf:
+    if getattr(args, "shelf", None):  # a namespace built by hand may lack the shelf options
         return _check_shelf_worker(args, shown)
     try:
         Keys(args.prefix)

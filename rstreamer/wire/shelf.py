@@ -206,9 +206,11 @@ def drop_lease(client: RedisClient, skeys: ShelfKeys, model: str, worker: str) -
 # counters, measures and events ----------------------------------------------------------------
 
 def record(client: RedisClient, skeys: ShelfKeys, model: str, event: str, worker: str,
-           counters: dict[str, float] | None = None, values: dict[str, Any] | None = None) -> None:
-    """Count ``event`` of ``model`` (``loads``, ``evictions``, ``failures``...): add ``counters``
-    to its counters, set ``values``, and append the event to the events stream; one pipeline."""
+           counters: dict[str, float] | None = None, values: dict[str, Any] | None = None,
+           detail: dict[str, Any] | None = None) -> None:
+    """Record ``event`` of ``model`` (``loaded``, ``evicted``, ``failed``...): add ``counters`` to
+    its counters, set its ``values``, and append the event (with the values and ``detail``) to the
+    events stream; one pipeline."""
     pipe = client.pipeline(transaction=False)
     for counter, amount in (counters or {}).items():
         if isinstance(amount, int):
@@ -218,7 +220,7 @@ def record(client: RedisClient, skeys: ShelfKeys, model: str, event: str, worker
     if values:
         pipe.hset(skeys.stats, mapping={f"{model}:{name}": str(value) for name, value in values.items()})
     fields: dict[Any, Any] = {"event": event, "model": model, "worker": worker,
-                              **{k: str(v) for k, v in (values or {}).items()}}
+                              **{k: str(v) for k, v in {**(values or {}), **(detail or {})}.items()}}
     pipe.xadd(skeys.events, fields, maxlen=EVENTS_MAX_LEN, approximate=True)
     pipe.expire(skeys.stats, STATS_TTL_S)
     pipe.expire(skeys.events, STATS_TTL_S)

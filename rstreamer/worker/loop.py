@@ -249,18 +249,25 @@ class RedisWorker:
         self._webhooks.start()
         return True
 
-    def retire(self) -> None:
+    def retire(self) -> int:
         """Stop serving the prefix: run what was read and not answered yet (drain), stop the
-        webhook sender, and leave the consumer groups when nothing of ours is pending there."""
+        webhook sender, and leave the consumer groups when nothing of ours is pending there.
+
+        Returns the entries still pending with this worker (0 after a clean drain; the others, after
+        a Redis error, are served again by whoever serves the prefix next)."""
         self._drain_held()
         self._webhooks.stop()
+        left = 0
         try:
             for level in range(self.levels.count):
                 stream = self.keys.requests_at(level)
-                if not self._redis.xpending_range(stream, self.keys.group, "-", "+", 1, self.name):
+                pending = len(self._redis.xpending_range(stream, self.keys.group, "-", "+", 1000, self.name))
+                if not pending:
                     self._redis.xgroup_delconsumer(stream, self.keys.group, self.name)
+                left += pending
         except redis.RedisError as exc:
             logger.warning("worker %s: could not deregister from prefix %r: %s", self.name, self.keys.prefix, exc)
+        return left
 
     def _use_model(self, predict: Predictor) -> None:
         """Serve ``predict``; batch by its model's ``cost()`` when it defines one."""

@@ -430,15 +430,17 @@ class ShelfWorker:
         measured = known.load_seconds if known is not None else None
         average = seconds if measured is None else (measured + seconds) / 2
         record(self._redis, self.skeys, name, "loaded", self.name, counters={"loads": 1, "load_seconds": seconds},
-               values={"load_s": round(average, 4), "load_s_last": round(seconds, 4), "bytes": size,
-                       "cold": int(cold)})
+               values={"load_s": round(average, 4), "load_s_last": round(seconds, 4), "bytes": size},
+               detail={"cold": int(cold)})
         clear_failure(self._redis, self.skeys, name)
         self.hooks.loaded(name, seconds, size)
 
     def _unload(self, name: str, evicted: bool = True) -> None:
         """Drain ``name`` (run what was read), then stop serving it and let its memory go."""
         held = self.held[name]
-        held.endpoint.retire()
+        ran = held.endpoint.stats.items
+        left = held.endpoint.retire()
+        drained = held.endpoint.stats.items - ran
         del self.held[name]
         self._publish_holdings()
         self._tick_beater()
@@ -446,9 +448,11 @@ class ShelfWorker:
             self.evictions += 1
             self.hooks.evicted(name)
             record(self._redis, self.skeys, name, "evicted", self.name, counters={"evictions": 1},
-                   values={"resident_s": round(time.monotonic() - held.loaded_at, 3)})
+                   detail={"resident_s": round(time.monotonic() - held.loaded_at, 3), "drained": drained,
+                           "left_pending": left})
         else:
-            record(self._redis, self.skeys, name, "unloaded", self.name)
+            record(self._redis, self.skeys, name, "unloaded", self.name, detail={"drained": drained,
+                                                                                  "left_pending": left})
         del held
         release_memory()
 

@@ -131,8 +131,12 @@ def test_a_model_is_never_served_by_a_worker_that_does_not_hold_it(shelf):
 
 
 def test_eviction_drains_first_no_item_lost_none_run_twice(shelf):
-    """One slot, two busy models: the worker takes turns, each turn ends with a drain."""
-    shelf.start(shelf.spec(a={"delay": 0.02}, b={"delay": 0.02}))
+    """One slot, two busy models batched by cost (so the worker holds items it read ahead): the
+    worker takes turns, and each turn ends with a drain of what it read."""
+    spec = shelf.spec(a={"delay": 0.02}, b={"delay": 0.02})
+    for model in spec["models"].values():
+        model.update({"model": "support.models:CostedTagged", "max_batch_cost": 12})
+    shelf.start(spec)
     results: dict[str, list[Any]] = {}
 
     def flood(x: str) -> None:
@@ -149,7 +153,10 @@ def test_eviction_drains_first_no_item_lost_none_run_twice(shelf):
         assert results[x] == [2 * n for n in range(300)], x
         ran = shelf.ran(x)
         assert len(ran) == 300 and set(ran.values()) == {1}, (x, [i for i, c in ran.items() if c != 1])
-    assert shelf.events("evicted"), "the two models should have taken turns on the one slot"
+    evictions = shelf.events("evicted")
+    assert evictions, "the two models should have taken turns on the one slot"
+    assert [e["left_pending"] for e in evictions] == ["0"] * len(evictions)  # nothing left behind
+    assert sum(int(e["drained"]) for e in evictions) > 0  # what it held was run before the unload
 
 
 def test_a_worker_killed_mid_load_loses_nothing(shelf):
@@ -169,11 +176,21 @@ def test_a_worker_killed_mid_load_loses_nothing(shelf):
 
 
 def test_two_workers_never_load_one_cold_model_for_one_waiting_item(shelf):
-    shelf.start(shelf.spec(a={"load_delay": 1.5}), count=2, slots=2)
-    assert predict(shelf.url, shelf.model("a"), [7])[0][2] == 14
-    # Both saw the same waiting item at their ticks (every 50 ms) during a 1.5 s load: one loaded it.
-    assert len(shelf.events("loaded", "a")) == 1
-    assert len(shelf.holders("a")) == 1
+    procs = shelf.start(shelf.spec(a={"load_delay": 1.0}, b={"load_delay": 1.0}, c={"load_delay": 1.0}), count=2,
+                        slots=3)
+    for x in "abc":
+        # Both workers stopped while the item arrives, then resumed together: both see it waiting and
+        # no holder at their next tick, and decide to load it at the same instant.
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+        with RedisStreamer(shelf.url, shelf.model(x), timeout=60) as streamer:
+            future = streamer.submit([7])
+            time.sleep(0.3)  # past a tick: both are due to place as soon as they run
+            for proc in procs:
+                os.kill(proc.pid, signal.SIGCONT)
+            assert future.result()[0][2] == 14
+        assert len(shelf.events("loaded", x)) == 1, x
+        assert len(shelf.holders(x)) == 1, x
 
 
 def test_a_model_whose_init_fails_is_marked_failed_and_the_fleet_goes_on(shelf, capsys):
@@ -229,3 +246,18 @@ def test_a_misspelt_model_in_the_shelf_file_stops_the_command_at_once(tmp_path, 
     path.write_text(json.dumps({"models": {"ok": {"model": "support.models:Tagged", "batch_size": 0}}}))
     assert worker_main(["--shelf", str(path), "--redis", redis_url]) == 2
     assert "model 'ok': field 'batch_size': must be an integer >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
+def test_web_apps_serve_a_cold_shelf_model_and_refuse_a_misspelt_one_at_once(shelf, web, server_kind):
+    shelf.start(shelf.spec(a={"load_delay": 1.0}))
+    cold = getattr(web, server_kind)(shelf.model("a"), RSTREAMER_TIMEOUT="60")
+    assert cold.client.get("/readyz").status_code == 200  # a live shelf worker can load it
+    response = cold.predict([21])
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0][2] == 42
+    misspelt = getattr(web, server_kind)(shelf.model("aa"), RSTREAMER_TIMEOUT="60")
+    started = time.monotonic()
+    refused = misspelt.predict([1])
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "NoLiveWorker"
+    assert time.monotonic() - started < 5

@@ -242,3 +242,10 @@ class Tagged(ManagedModel):
             with open(self.log, "a") as log:
                 log.write("".join(f"{self.tag} {os.getpid()} {item!r}\n" for item in batch))
         return [[self.tag, os.getpid(), item * 2] for item in batch]
+
+
+class CostedTagged(Tagged):
+    """Tagged with a cost per item (1 to 4): its worker batches by cost and holds items read ahead."""
+
+    def cost(self, item: Any) -> int:
+        return 1 + int(item) % 4
