@@ -72,13 +72,30 @@ class Beater:
         config = json.dumps({**self._config, "beats": beats})
         self._process = subprocess.Popen(
             [sys.executable, "-c", "import sys; from rstreamer.worker.beater import main; main(sys.argv)", config],
-            stdin=subprocess.PIPE, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )
         assert self._process.stdin is not None
         # Never block the worker on a child that stopped reading: a tick is then dropped.
         os.set_blocking(self._process.stdin.fileno(), False)
         self._last_sent = time.monotonic()
         self._targets = list(beats)
+
+    def wait_started(self, beat: Callable[[], None], timeout: float) -> bool:
+        """Beat with ``beat`` (from this process, every half interval) until the heartbeat process
+        has beaten once, for at most ``timeout`` s; True once it has.
+
+        A heartbeat process takes seconds to start on a loaded machine: without this, a worker
+        that had beaten once at start looked dead meanwhile, and a peer could take its work.
+        """
+        process = self._process
+        if process is None or process.stdout is None:
+            return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if select.select([process.stdout], [], [], self._interval / 2)[0]:
+                return bool(process.stdout.readline())  # "beating", or EOF: it died (tick restarts it)
+            beat()
+        return False
 
     def tick(self, force: bool = False) -> None:
         """Report progress (and the current info); cheap enough to call at every step. ``force``:
@@ -206,11 +223,21 @@ class _Beats:
             self._heartbeat(key).remove()
 
 
+def _tell_started() -> bool:
+    """Tell the worker (on stdout, which it reads in Beater.wait_started) that beats are on."""
+    try:
+        os.write(1, b"beating\n")
+    except OSError:
+        pass  # the worker is gone: the loop notices
+    return True
+
+
 def serve(config: dict[str, Any], stdin: IO[bytes]) -> None:
     """Beat for the worker ``config["pid"]`` until it stops, exits or is stuck."""
     progress = _Progress(config["beats"])
     beats = _Beats(config, progress)
     interval, stuck_after, pid = config["interval"], config["stuck_after"], config["pid"]
+    started = False
     next_beat = time.monotonic()
     while True:
         if select.select([stdin], [], [], max(0.0, next_beat - time.monotonic()))[0]:
@@ -229,6 +256,7 @@ def serve(config: dict[str, Any], stdin: IO[bytes]) -> None:
         if time.monotonic() >= next_beat or progress.dropped:  # a hash no longer named is left at once
             beats.beat()
             next_beat = time.monotonic() + interval
+            started = started or _tell_started()
 
 
 def main(argv: list[str]) -> None:

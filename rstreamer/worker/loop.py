@@ -219,6 +219,7 @@ class RedisWorker:
             self._finish_drain()
             return
         self._beater.start()
+        self._beater.wait_started(self._heartbeat.beat_logged, self.settings.dead_after * 10)
         self._webhooks.start()
         logger.info("worker %s: serving prefix %r on %s, batch %d, max latency %.3fs",
                     self.name, self.keys.prefix, redacted(self.url), self.policy.batch_size, self.policy.max_latency)

@@ -4,11 +4,14 @@ loading and evicting them as the placement policy decides from the queue's evide
 One loop, as a plain worker's: at each tick (``shelf_tick``) it reads the fleet's state and every
 model's queue (:mod:`rstreamer.wire.shelf`), asks the policy (:mod:`rstreamer.shelf.policy`) what
 to do, and does it under the model's fleet-wide load lease; between ticks it serves the models it
-holds, most urgent first, one batch each in turn. Each held model is served by the machinery of a
-plain worker (a :class:`~rstreamer.worker.loop.RedisWorker` sharing this process's name, Redis
-client, clock and heartbeat process): its priority levels, cost-aware batching, generative lane,
-reclaim, dead letters, jobs and webhooks work per model as they do per prefix. A worker reads only
-the streams of the models it holds, and drains a model (runs what it read) before it unloads it.
+holds, most urgent first, one batch each in turn. A model's ``init_model`` runs in a thread of its
+own, one load at a time, so that the loop goes on serving the other models while it loads.
+
+Each held model is served by the machinery of a plain worker (a
+:class:`~rstreamer.worker.loop.RedisWorker` sharing this process's name, Redis client, clock and
+heartbeat process): its priority levels, cost-aware batching, generative lane, reclaim, dead
+letters, jobs and webhooks work per model as they do per prefix. A worker reads only the streams
+of the models it holds, and drains a model (runs what it read) before it unloads it.
 See docs/shelf.md.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +136,29 @@ class Held:
 
 
 @dataclass
+class Loading:
+    """A model being built in a thread of its own: its endpoint, whether its load is cold (nobody
+    held it), the process's resident bytes before, and how it ended."""
+
+    name: str
+    endpoint: RedisWorker
+    cold: bool
+    before: int
+    started: float = field(default_factory=time.perf_counter)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
+
+    def run(self) -> None:
+        """Build the model (the thread's target)."""
+        try:
+            self.endpoint.load()
+        except Exception as exc:  # noqa: BLE001 - any init_model failure fails this model, never the worker
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+@dataclass
 class _Fleet:
     """The last reading: the fleet's state and the evidence built from it."""
 
@@ -178,6 +205,7 @@ class ShelfWorker:
         self.refusing: dict[str, RedisWorker] = {}  # failed models whose callers this worker answers
         self.stats: dict[str, WorkerStats] = {}  # per model, for the life of the process
         self.loading: str | None = None
+        self._load: Loading | None = None
         self.loads = self.evictions = 0
         self._fleet = _Fleet()
         self._next_tick = 0.0
@@ -217,6 +245,7 @@ class ShelfWorker:
             return
         assert self.context.beater is not None
         self.context.beater.start()
+        self.context.beater.wait_started(self._heartbeat.beat_logged, self.worker_settings.dead_after * 10)
         logger.info("worker %s: shelf %r (%d models) on %s, %d slots, policy %s", self.name, self.shelf.name,
                     len(self.shelf.models), redacted(self.url), self.settings.slots, self.settings.shelf_policy)
         try:
@@ -251,6 +280,9 @@ class ShelfWorker:
                            ", ".join(sorted(published.get("models") or {})), ", ".join(self.shelf.models))
 
     def _shutdown(self) -> None:
+        load = self._load
+        if load is not None and load.done.wait(self.worker_settings.drain_timeout):
+            self._stopping_load(load)
         try:
             for name in list(self.held):
                 self._unload(name, evicted=False)
@@ -324,6 +356,9 @@ class ShelfWorker:
         if time.monotonic() >= self._next_publish:
             self._publish()
         self._refuse_failed(state)
+        if self._load is not None:
+            self._finish_load()
+            return  # one load at a time, and the next decision reads the fleet with its outcome
         shed = shed_to_budget(self._view(), newest=self._newest())
         for name in shed:
             logger.warning("worker %s: over its memory budget: evicting %r", self.name, name)
@@ -331,6 +366,16 @@ class ShelfWorker:
         decision = self.policy.decide(self._view(), self._fleet.evidence)
         if decision.load is not None:
             self._act(decision.load, decision.evict, decision.holders, decision.reason)
+
+    def _stopping_load(self, load: Loading) -> None:
+        """A load that ended while the worker stops: its model is not served; its lease goes back."""
+        self._load = self.loading = None
+        try:
+            drop_lease(self._redis, self.skeys, load.name, self.name)
+        except redis.RedisError:
+            pass  # it expires, and a dead worker's lease is taken over
+        del load
+        release_memory()
 
     def _newest(self) -> str | None:
         return max(self.held, key=lambda name: self.held[name].loaded_at) if self.held else None
@@ -369,7 +414,8 @@ class ShelfWorker:
         return room
 
     def _act(self, model: str, evict: tuple[str, ...], holders: int, reason: str) -> None:
-        """Load ``model`` after evicting ``evict``, under the model's load lease (or do nothing)."""
+        """Start loading ``model`` after evicting ``evict``, under the model's load lease (or do
+        nothing); the lease is given back when the load ends (:meth:`_finish_load`)."""
         lease_ms = int((self.worker_settings.stuck_after + LEASE_MARGIN) * 1000)
         if not take_lease(self._redis, self.skeys, model, self.name, holders, self.dead_after_ms, lease_ms):
             return  # a peer is on it, or the evidence went stale: decide again at the next tick
@@ -377,9 +423,10 @@ class ShelfWorker:
             for victim in evict:
                 logger.info("worker %s: evicting %r to load %r (%s)", self.name, victim, model, reason)
                 self._unload(victim)
-            self._load(model, cold=holders == 0, reason=reason)
-        finally:
+            self._start_load(model, cold=holders == 0, reason=reason)
+        except BaseException:
             drop_lease(self._redis, self.skeys, model, self.name)
+            raise
 
     # loading and unloading -----------------------------------------------------------------------
 
@@ -397,33 +444,59 @@ class ShelfWorker:
         endpoint.observe = observe
         return endpoint
 
-    def _load(self, name: str, cold: bool, reason: str = "") -> None:
+    def _start_load(self, name: str, cold: bool, reason: str = "") -> None:
+        """Build ``name``'s model in a thread of its own (its init_model), while the loop goes on
+        serving the other models; :meth:`_finish_load` takes it from there."""
         logger.info("worker %s: loading %r (%s)", self.name, name, reason or "asked")
         self.loading = name
         self._publish_holdings()
         self._tick_beater()
-        before = resident_bytes(self.gpu_id)
-        started = time.perf_counter()
-        try:
-            endpoint = self._endpoint(name)
-            endpoint.load()
-        except Exception as exc:  # noqa: BLE001 - any init_model failure fails this model, never the worker
-            self.loading = None
-            self._failed(name, exc)
+        load = Loading(name, self._endpoint(name), cold, resident_bytes(self.gpu_id))
+        self._load = load
+        threading.Thread(target=load.run, name=f"load-{name}", daemon=True).start()
+
+    def _finish_load(self) -> None:
+        """Serve the model whose load ended (or mark it failed); give its lease back. A load that
+        outlives ``stuck_after`` fails its model and stops this worker (its supervisor replaces it):
+        a thread cannot be stopped, and what it holds cannot be trusted."""
+        load = self._load
+        assert load is not None
+        if not load.done.is_set():
+            if time.perf_counter() - load.started > self.worker_settings.stuck_after:
+                self._abandon(load)
             return
-        seconds = time.perf_counter() - started
-        size = max(0, resident_bytes(self.gpu_id) - before)
-        self.loading = None
-        waits = WaitCounter(int(self.context.clock.now() * 1000) if cold else None)
+        self._load = self.loading = None
+        try:
+            if load.error is not None:
+                self._failed(load.name, load.error)
+            else:
+                self._serve_loaded(load)
+        finally:
+            drop_lease(self._redis, self.skeys, load.name, self.name)
+
+    def _serve_loaded(self, load: Loading) -> None:
+        seconds = time.perf_counter() - load.started
+        size = max(0, resident_bytes(self.gpu_id) - load.before)
+        endpoint = load.endpoint
+        waits = WaitCounter(int(self.context.clock.now() * 1000) if load.cold else None)
         endpoint.hooks = ChainedHooks(waits, endpoint.hooks)
         if not endpoint.open():
             return  # stopping
-        self.held[name] = Held(endpoint, time.monotonic(), time.monotonic(), size, waits, items_at=endpoint.stats.items)
+        now = time.monotonic()
+        self.held[load.name] = Held(endpoint, now, now, size, waits, items_at=endpoint.stats.items)
         self.loads += 1
         self._publish_holdings()
         self._tick_beater()
-        self._record_load(name, seconds, size, cold)
-        logger.info("worker %s: loaded %r in %.2fs (%d bytes resident)", self.name, name, seconds, size)
+        self._record_load(load.name, seconds, size, load.cold)
+        logger.info("worker %s: loaded %r in %.2fs (%d bytes resident)", self.name, load.name, seconds, size)
+
+    def _abandon(self, load: Loading) -> None:
+        logger.error("worker %s: loading %r has taken over %.0fs (stuck_after): marking it failed and stopping",
+                     self.name, load.name, self.worker_settings.stuck_after)
+        self._load = self.loading = None
+        self._failed(load.name, TimeoutError(f"init_model took over {self.worker_settings.stuck_after:g}s"))
+        drop_lease(self._redis, self.skeys, load.name, self.name)
+        self.stop()
 
     def _record_load(self, name: str, seconds: float, size: int, cold: bool) -> None:
         known = self._fleet.evidence.get(name)
@@ -438,9 +511,9 @@ class ShelfWorker:
     def _unload(self, name: str, evicted: bool = True) -> None:
         """Drain ``name`` (run what was read), then stop serving it and let its memory go."""
         held = self.held[name]
-        ran = held.endpoint.stats.items
+        ran, started = held.endpoint.stats.items, time.perf_counter()
         left = held.endpoint.retire()
-        drained = held.endpoint.stats.items - ran
+        drained, drain_s = held.endpoint.stats.items - ran, round(time.perf_counter() - started, 4)
         del self.held[name]
         self._publish_holdings()
         self._tick_beater()
@@ -449,10 +522,10 @@ class ShelfWorker:
             self.hooks.evicted(name)
             record(self._redis, self.skeys, name, "evicted", self.name, counters={"evictions": 1},
                    detail={"resident_s": round(time.monotonic() - held.loaded_at, 3), "drained": drained,
-                           "left_pending": left})
+                           "drain_s": drain_s, "left_pending": left})
         else:
-            record(self._redis, self.skeys, name, "unloaded", self.name, detail={"drained": drained,
-                                                                                  "left_pending": left})
+            record(self._redis, self.skeys, name, "unloaded", self.name,
+                   detail={"drained": drained, "drain_s": drain_s, "left_pending": left})
         del held
         release_memory()
 

@@ -27,7 +27,10 @@ from support.procs import WorkerProcesses
 # Fast placement for tests: a tick of 50 ms, short residencies and waits.
 FAST = {"slots": 1, "shelf_tick": 0.05, "shelf_min_residency": 0.5, "shelf_residency_factor": 1.0,
         "shelf_idle_floor": 0.2, "shelf_starve_after": 1.0, "shelf_defer": 0.2, "shelf_failed_for": 30.0}
-SETTINGS = {"dead_after": 1.5, "heartbeat_interval": 0.25, "reclaim_interval": 0.25}
+# A worker is dead after 4 s without a heartbeat: this shared machine stalls every process for
+# a second or two at times, and a live worker that looks dead loses its load lease.
+SETTINGS = {"dead_after": 4.0, "heartbeat_interval": 0.25, "reclaim_interval": 0.25}
+DEAD_AFTER_MS = 4000
 
 
 class Shelf:
@@ -64,10 +67,10 @@ class Shelf:
         return read_fleet(self.client, ShelfKeys(self.name))
 
     def live(self) -> set[str]:
-        return self.fleet().live(1500)
+        return self.fleet().live(DEAD_AFTER_MS)
 
     def holders(self, x: str, what: str = "held") -> set[str]:
-        return self.fleet().holders(1500, what).get(self.model(x), set())
+        return self.fleet().holders(DEAD_AFTER_MS, what).get(self.model(x), set())
 
     def events(self, kind: str, x: str | None = None) -> list[dict[str, str]]:
         found = read_events(self.client, ShelfKeys(self.name), 2000)
