@@ -362,7 +362,7 @@ class ShelfSettings(EnvSettings):
     shelf_residency_factor: float = _parsed(3.0, _non_negative)
     shelf_idle_floor: float = _parsed(1.0, parse_seconds)
     shelf_hot_factor: float = _parsed(1.0, _non_negative)
-    shelf_starve_after: float = _parsed(10.0, parse_seconds)
+    shelf_starve_after: float = _parsed(5.0, parse_seconds)
     shelf_defer: float = _parsed(0.5, parse_seconds)
     shelf_max_holders: int = _parsed(0, parse_integer(0))
     shelf_default_load: float = _parsed(1.0, parse_seconds)

@@ -51,12 +51,14 @@ class ModelEvidence:
 @dataclass(frozen=True)
 class Resident:
     """A model this worker holds: seconds since its load ended, since it last served an item
-    (since its load when it has served none), and its measured resident bytes."""
+    (since its load when it has served none), its measured resident bytes, and the items per
+    second it served lately."""
 
     name: str
     loaded_for: float
     idle_for: float
     size: int | None = None
+    demand: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ class QueuePolicy:
     def victims(self, model: ModelEvidence, kind: str, view: WorkerView,
                 evidence: Mapping[str, ModelEvidence]) -> list[Resident]:
         """The resident models ``model`` may displace, cheapest loss first: idle ones, then ones
-        another worker also holds, then (for a starving cold model only) busy ones."""
+        another worker also holds, then (for a starving cold model only) busy ones, the least in
+        demand first."""
         ranked: list[tuple[int, float, str, Resident]] = []
         for resident in view.resident:
             own = _evidence(resident.name, evidence)
@@ -240,12 +243,15 @@ class QueuePolicy:
                 continue  # the hysteresis: it has not paid for its own load yet
             tier = self._tier(resident, own, model, kind)
             if tier is not None:
-                ranked.append((tier, self.keep(resident, own), resident.name, resident))
+                ranked.append((tier, self.keep(resident, own, busy=tier == 2), resident.name, resident))
         return [entry[3] for entry in sorted(ranked, key=lambda entry: entry[:3])]
 
-    def keep(self, resident: Resident, own: ModelEvidence) -> float:
+    def keep(self, resident: Resident, own: ModelEvidence, busy: bool = False) -> float:
         """What losing ``resident`` costs: its load time, discounted by how long it has been idle
-        (least recently served, weighted by its load time)."""
+        (least recently served, weighted by its load time); for a busy model (which is never
+        idle), weighted by the items per second it served lately instead."""
+        if busy:
+            return self.load_time(own) * resident.demand
         return self.load_time(own) / max(resident.idle_for, 1e-3)
 
     def _tier(self, resident: Resident, own: ModelEvidence, model: ModelEvidence, kind: str) -> int | None:

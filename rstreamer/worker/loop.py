@@ -250,14 +250,15 @@ class RedisWorker:
         self._webhooks.start()
         return True
 
-    def retire(self) -> int:
+    def retire(self, wait_webhooks: bool = True) -> int:
         """Stop serving the prefix: run what was read and not answered yet (drain), stop the
-        webhook sender, and leave the consumer groups when nothing of ours is pending there.
+        webhook sender (``wait_webhooks=False``: without waiting for its thread), and leave the
+        consumer groups when nothing of ours is pending there.
 
         Returns the entries still pending with this worker (0 after a clean drain; the others, after
         a Redis error, are served again by whoever serves the prefix next)."""
         self._drain_held()
-        self._webhooks.stop()
+        self._webhooks.stop(wait_webhooks)
         left = 0
         try:
             for level in range(self.levels.count):

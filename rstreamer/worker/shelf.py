@@ -133,6 +133,16 @@ class Held:
     busy_seconds: float = 0.0
     items_at: int = 0
     rate: float | None = None
+    demand: float = 0.0  # items/s it served lately (a moving average over ticks)
+    demand_at: tuple[float, int] = (0.0, 0)
+
+    def observe_demand(self, now: float, weight: float = 0.2) -> None:
+        """Fold the items served since the last tick into :attr:`demand`."""
+        then, items = self.demand_at
+        served = self.endpoint.stats.items
+        if then:
+            self.demand += weight * ((served - items) / max(now - then, 1e-3) - self.demand)
+        self.demand_at = (now, served)
 
 
 @dataclass
@@ -353,6 +363,8 @@ class ShelfWorker:
         self.context.clock.observe(state.now_ms, sent, time.monotonic())
         queues = read_queues(self._redis, self.shelf.models, self.levels)
         self._fleet = _Fleet(state, self._evidence(state, queues))
+        for held in self.held.values():
+            held.observe_demand(time.monotonic())
         if time.monotonic() >= self._next_publish:
             self._publish()
         self._refuse_failed(state)
@@ -398,7 +410,7 @@ class ShelfWorker:
 
     def _view(self) -> WorkerView:
         now = time.monotonic()
-        resident = tuple(Resident(name, now - held.loaded_at, now - held.last_served, held.size)
+        resident = tuple(Resident(name, now - held.loaded_at, now - held.last_served, held.size, held.demand)
                          for name, held in self.held.items())
         return WorkerView(self.name, self.settings.slots, resident, self.settings.memory_budget,
                           self._peers_with_room())
@@ -512,7 +524,7 @@ class ShelfWorker:
         """Drain ``name`` (run what was read), then stop serving it and let its memory go."""
         held = self.held[name]
         ran, started = held.endpoint.stats.items, time.perf_counter()
-        left = held.endpoint.retire()
+        left = held.endpoint.retire(wait_webhooks=not evicted)  # an eviction does not stop the loop
         drained, drain_s = held.endpoint.stats.items - ran, round(time.perf_counter() - started, 4)
         del self.held[name]
         self._publish_holdings()

@@ -224,3 +224,12 @@ def test_no_busy_model_starves():
     bound = SETTINGS.shelf_starve_after + (5 - 2) / 2 * (SETTINGS.shelf_min_residency + 1.0) + 2.0
     assert longest <= bound, (longest, bound)
     assert loads >= 600 / (SETTINGS.shelf_starve_after + SETTINGS.shelf_min_residency + 1.0)
+
+
+def test_a_starving_model_takes_the_slot_of_the_busy_model_least_in_demand():
+    busy = {name: ModelEvidence(name, waiting=2, oldest_age=0.1, holders=frozenset({"me"})) for name in ("x", "y")}
+    models = evidence(*busy.values(), ModelEvidence("new", waiting=1, oldest_age=12.0))
+    resident = (Resident("x", 600, 0.0, demand=3.0), Resident("y", 600, 0.0, demand=9.0))
+    assert QUEUE.decide(view(*resident), models).evict == ("x",)
+    resident = (Resident("x", 600, 0.0, demand=30.0), Resident("y", 600, 0.0, demand=9.0))
+    assert QUEUE.decide(view(*resident), models).evict == ("y",)
