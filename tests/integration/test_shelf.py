@@ -264,3 +264,29 @@ def test_web_apps_serve_a_cold_shelf_model_and_refuse_a_misspelt_one_at_once(she
     refused = misspelt.predict([1])
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "NoLiveWorker"
     assert time.monotonic() - started < 5
+
+
+def test_the_dashboard_shows_each_workers_models_and_each_models_loads(shelf):
+    from starlette.testclient import TestClient
+
+    from rstreamer.ops.dashboard.app import Options, create_app
+    from rstreamer.ops.dashboard.sampler import Sampler
+
+    shelf.start(shelf.spec(a={}, b={}), slots=2)
+    predict(shelf.url, shelf.model("a"), [1])
+    sampler = Sampler(shelf.client, dead_after=4.0, interval=0.2, window=2.0, prefixes=[shelf.model("a")])
+    try:
+        def shown() -> dict[str, Any] | None:
+            sampler.sample()
+            client = TestClient(create_app(sampler, Options(allowed_hosts=("testserver",))))
+            state = client.get("/api/state").json()
+            (found,) = [s for s in state["shelves"] if s["shelf"] == shelf.name]
+            return found if found["workers"] and found["workers"][0]["held"] else None
+
+        found = wait_until(shown, 10, what="the shelf on the dashboard")
+    finally:
+        sampler.stop()
+    assert found["workers"][0]["held"] == [shelf.model("a")]
+    rows = {row["model"]: row for row in found["models"]}
+    assert rows[shelf.model("a")]["loads"] == 1 and len(rows[shelf.model("a")]["holders"]) == 1
+    assert rows[shelf.model("b")]["holders"] == [] and rows[shelf.model("b")]["backlog"] == 0
