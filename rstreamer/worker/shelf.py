@@ -321,6 +321,9 @@ class ShelfWorker:
         except redis.RedisError as exc:
             logger.warning("worker %s: Redis error %s: %s; retrying in 1s", self.name, type(exc).__name__, exc)
             self._stopping.wait(1.0)
+        except Exception:  # a defect in placement must not end the worker (the held models' work goes on)
+            logger.exception("worker %s: unexpected error while placing models; retrying in 1s", self.name)
+            self._stopping.wait(1.0)
 
     def _serve_turn(self) -> bool:
         ran = False
