@@ -2,7 +2,6 @@
 processes and web servers."""
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +11,7 @@ import redis
 
 from rstreamer.coalescer import Coalescer
 from rstreamer.embedded import EmbeddedRedis
+from support.held import HeldSends
 from support.keyleaks import leaked_keys
 from support.procs import TESTS, WorkerProcesses
 from support.web import WebServers
@@ -81,24 +81,10 @@ def web(redis_url: str) -> Iterator[WebServers]:
     factory.stop_all()
 
 
-class HeldSends(list[int]):
-    """The sizes of the ENQUEUE_CALLS sent. The first waits at ``gate`` for ``hold`` seconds (0.3 s:
-    time for concurrent calls to pile up); a test that knows when they have piled up sets a long
-    ``hold`` and calls :meth:`release`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.hold = 0.3
-
-    def release(self) -> None:
-        self.gate.set()
-
-
 @pytest.fixture
-def held_first_send(monkeypatch: pytest.MonkeyPatch) -> HeldSends:
-    """The size of each ENQUEUE_CALLS a Coalescer sends; the first is held back, so that the calls
-    made meanwhile pile up and share the next one."""
+def held_first_send(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldSends]:
+    """The size of each ENQUEUE_CALLS a Coalescer sends; the first is held back until the test
+    releases it, so that the calls made meanwhile pile up and share the next one."""
     sends = HeldSends()
     original = Coalescer._send
 
@@ -109,4 +95,6 @@ def held_first_send(monkeypatch: pytest.MonkeyPatch) -> HeldSends:
         return original(self, taken)
 
     monkeypatch.setattr(Coalescer, "_send", slow_first_send)
-    return sends
+    yield sends
+    sends.release()
+    sends.check()

@@ -20,7 +20,7 @@ from rstreamer import (
     StreamerTimeout,
 )
 from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
+from rstreamer.liveness import fleet_totals, read_workers
 from support.procs import live_pids, wait_for_workers, wait_until
 
 
@@ -161,18 +161,56 @@ def test_oversize_item_is_refused_by_client_and_by_worker(redis_client, redis_ur
 
 
 def test_expired_item_is_not_run_and_its_reply_key_is_removed(redis_client, redis_url, prefix, workers, tmp_path):
+    # A caller that times out withdraws its entries itself (CANCEL), so the worker's deadline check
+    # is what guards the entries of a caller that could not: a web process SIGKILLed mid-call.
     log = tmp_path / "runs.log"
     keys = Keys(prefix)
+    caller = workers.start_caller(prefix, [1], timeout=1.0)
+    entries = wait_until(lambda: redis_client.xrange(keys.requests), what="the caller's entry")
+    caller.kill()
+    caller.wait(timeout=10)
+    entry_id, fields = entries[0]
+    deadline_ms = int(entry_id.split(b"-")[0]) + int(fields[b"r"])
+    wait_until(lambda: _redis_ms(redis_client) > deadline_ms, what="the entry's deadline on Redis's clock")
+    workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)})
+    wait_until(lambda: redis_client.xlen(keys.requests) == 0, what="the expired entry acked and deleted")
     with RedisStreamer(redis_url, prefix) as streamer:
-        started = time.monotonic()
-        with pytest.raises(StreamerTimeout) as info:
-            streamer.predict([1], timeout=0.3)
-        assert isinstance(info.value, TimeoutError)
-        assert time.monotonic() - started < 3
-        assert not list(redis_client.scan_iter(match=f"{keys.reply('x:1').rsplit(':', 2)[0]}:*"))
-        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)})
         assert streamer.predict([2]) == [4]
-    assert executions(log) == Counter({"2": 1})
+    assert executions(log) == Counter({"2": 1}), "the expired item ran"
+    totals = wait_until(lambda: (t := fleet_totals(redis_client, keys)).items >= 1 and t, what="heartbeat stats")
+    assert totals.expired == 1
+    # Its caller is gone: the answer the worker wrote lives only until the reply TTL.
+    reply = keys.reply(fields[b"t"].decode())
+    assert redis_client.exists(reply) and 0 < redis_client.pttl(reply) <= 61_000
+
+
+def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, prefix, workers, monkeypatch):
+    # The worker answers, but the caller's pops stall (a fault injected in its connection) until
+    # its deadline: the answer is in the reply key when the caller gives up, and must go with it.
+    workers.start(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        monkeypatch.setattr(streamer.redis, "blpop", _stalled_blpop)
+        future = streamer.submit([1], timeout=1.5)
+        reply = wait_until(lambda: list(redis_client.scan_iter(match=_replies(prefix))),
+                           what="the worker's answer in the reply key")[0]
+        with pytest.raises(StreamerTimeout) as info:
+            future.result()
+        assert isinstance(info.value, TimeoutError)
+        assert not redis_client.exists(reply), "the caller left its reply key"
+
+
+def _replies(prefix: str) -> str:
+    return Keys(prefix).reply("x:1").rsplit(":", 2)[0] + ":*"
+
+
+def _stalled_blpop(keys, timeout=0):
+    time.sleep(timeout)
+    return None
+
+
+def _redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
 
 
 def test_overload_is_refused_at_once_and_atomically(redis_url, prefix):

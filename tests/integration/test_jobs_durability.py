@@ -11,8 +11,9 @@ import sys
 import pytest
 import redis
 
-from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer
+from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer, StreamerTimeout
 from rstreamer.keys import Keys
+from rstreamer.liveness import fleet_totals
 from support import procs
 from support.polling import wait_until
 from support.procs import TESTS, WorkerProcesses
@@ -60,6 +61,26 @@ def test_expired_job_is_gone_and_its_items_do_not_run(redis_client, redis_url, p
         wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=30, what="the stream drained")
         assert recorded(log) == []
         assert streamer.jobs.list() == []
+        # The worker's job check dropped them (an item's deadline is its job's expiry too, so the
+        # deadline check would have stopped them as well, counted as expired): see the next test.
+        assert streamer.predict([7]) == [14]
+    totals = wait_until(lambda: (t := fleet_totals(redis_client, keys)).items >= 1 and t, what="heartbeat stats")
+    assert totals.expired == 0, "the job's items reached the model's batch and were dropped only as expired"
+
+
+def test_items_of_a_job_whose_keys_vanished_do_not_run(redis_client, redis_url, prefix, workers, tmp_path):
+    # Keys deleted behind the job's back (an operator's DEL, an eviction policy that is not
+    # noeviction): the items' deadlines are a day ahead, so only the job check stops them.
+    log = tmp_path / "ran.txt"
+    keys = Keys(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job(range(100), window=10)
+        assert redis_client.xlen(keys.requests) == 10
+        redis_client.delete(*keys.job_keys(job.id))
+        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)})
+        wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=30, what="the stream drained")
+        assert streamer.predict([7]) == [14]
+    assert recorded(log) == ["7"]
 
 
 def test_events_stream_and_wait(redis_url, prefix, workers):
@@ -77,7 +98,7 @@ def test_events_stream_and_wait(redis_url, prefix, workers):
         third = streamer.submit_job([5])
         (event,) = streamer.jobs.read_events(after=events[-1].event_id, timeout=30)
         assert (event.type, event.job_id) == ("job.done", third.id)
-        with pytest.raises(Exception, match="did not finish"):
+        with pytest.raises(StreamerTimeout, match="did not finish"):
             streamer.submit_job([["sleep", 5]]).wait(timeout=0.2)
 
 

@@ -12,6 +12,7 @@ import redis
 
 from rstreamer import AsyncRedisStreamer, RedisStreamer, RemoteError, StreamerTimeout
 from rstreamer.keys import Keys
+from rstreamer.liveness import fleet_totals
 from support.procs import WorkerProcesses, wait_until
 
 DECODER = "workers.decoder:TinyDecoder"
@@ -85,7 +86,24 @@ def test_a_deadline_mid_stream_raises_a_timeout(
             for _ in streamer.stream({"n": 100_000}, timeout=1.0):
                 seen += 1
         assert seen > 0
-        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the expired entry dropped")
+        # The stream's close() cancels the sequence; the worker's own expiry is the next test's.
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the timed-out entry dropped")
+
+
+def test_a_sequence_past_its_deadline_is_dropped_at_the_next_step(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    # Its caller is SIGKILLed mid-stream, so nothing cancels the sequence: only the lane's expiry
+    # can end a generation of 100,000 steps (about 30 minutes at 20 ms a step).
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.02}, batch_size=4)
+    caller = workers.start_caller(prefix, stream_item={"n": 100_000}, timeout=2.0)
+    assert caller.stdout is not None and caller.stdout.readline(), "the caller saw no chunk"
+    caller.kill()
+    caller.wait(timeout=10)
+    assert pending(redis_client, prefix) == 1
+    wait_until(lambda: pending(redis_client, prefix) == 0, 20, what="the expired sequence dropped and acked")
+    totals = wait_until(lambda: (t := fleet_totals(redis_client, Keys(prefix))).expired and t,
+                        what="the expiry counted in the worker's heartbeat")
+    assert totals.expired == 1
 
 
 def test_many_concurrent_streams_share_the_steps(workers: WorkerProcesses, redis_url: str, prefix: str) -> None:

@@ -1,0 +1,138 @@
+"""Mutation checks: each removes one feature in a scratch copy of the repository and runs the
+tests that name it; a test that still PASSES does not prove its feature, and the check fails.
+
+    python tests/mutation/run.py [--list] [--dry-run] [NAME ...]
+
+``--dry-run`` only checks that every mutation still applies (the code it edits is where the
+table says). When the code moves, update FILES (one line per module) or the mutation's
+``old`` text. `make mutation` runs these, then mutmut over the pure cores (tests/mutation/cores.py).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Where each mutated module lives: the one place to update when the library is reorganised.
+FILES = {
+    "worker": "rstreamer/worker.py",
+    "streaming": "rstreamer/streaming.py",
+    "job_sink": "rstreamer/job_sink.py",
+    "coalescer": "rstreamer/coalescer.py",
+    "aclient": "rstreamer/aclient.py",
+}
+
+FAULTS = "tests/integration/test_faults.py"
+STREAMING = "tests/integration/test_streaming_redis.py"
+JOBS = "tests/integration/test_jobs_durability.py"
+WIRE = "tests/integration/test_wire.py"
+COALESCING = "tests/integration/test_coalescing.py"
+ASYNC = "tests/integration/test_async_client.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """Replace ``old`` (found exactly once) by ``new`` in ``FILES[module]``; every test must fail."""
+
+    name: str
+    module: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = [
+    # The worker runs expired items (answer_batch sees every deadline as ahead).
+    Mutation("worker-expiry", "worker", "now=self._clock.now(), observe=self.observe", "now=0.0, observe=self.observe",
+             (f"{FAULTS}::test_expired_item_is_not_run_and_its_reply_key_is_removed",
+              f"{WIRE}::test_a_worker_whose_clock_is_25s_behind_does_not_run_an_expired_item")),
+    # The generative lane never drops a sequence past its deadline.
+    Mutation("lane-expiry", "streaming", "events = self.scheduler.expire(now)", "events = []",
+             (f"{STREAMING}::test_a_sequence_past_its_deadline_is_dropped_at_the_next_step",)),
+    # Workers run the items of jobs that are no longer queued or running.
+    Mutation("job-admit", "job_sink", 'if state in (b"queued", b"running"):', "if True:",
+             (f"{JOBS}::test_expired_job_is_gone_and_its_items_do_not_run",
+              f"{JOBS}::test_cancel_runs_no_more_items",
+              f"{JOBS}::test_items_of_a_job_whose_keys_vanished_do_not_run")),
+    # A caller that gives up leaves what was answered in its reply key.
+    Mutation("reply-delete", "coalescer", "            self._delete(group.reply_key)", "            pass",
+             (f"{FAULTS}::test_a_caller_that_times_out_deletes_its_reply_key",
+              f"{COALESCING}::test_calls_that_time_out_before_or_after_their_enqueue_leave_no_reply_key")),
+    Mutation("async-reply-delete", "aclient", "            await self._delete(call.reply_key)", "            pass",
+             (f"{ASYNC}::test_no_worker_times_out_and_leaves_no_reply_key",)),
+]
+
+
+def scratch_copy() -> Path:
+    """The repository's files (tracked and untracked, not ignored) in a temporary folder."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    copy = Path(tempfile.mkdtemp(prefix="rs-mutation-"))
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
+    return copy
+
+
+def apply(mutation: Mutation, root: Path) -> str | None:
+    """Mutate the file under ``root``; the reason it cannot be applied, or None."""
+    path = root / FILES[mutation.module]
+    if not path.exists():
+        return f"{FILES[mutation.module]} is gone: update FILES"
+    text = path.read_text()
+    if text.count(mutation.old) != 1:
+        return f"{mutation.old!r} occurs {text.count(mutation.old)} times in {FILES[mutation.module]}: update the table"
+    path.write_text(text.replace(mutation.old, mutation.new))
+    return None
+
+
+def run(mutation: Mutation, dry_run: bool) -> bool:
+    """True when the mutation applies and every one of its tests fails under it."""
+    copy = scratch_copy()
+    try:
+        problem = apply(mutation, copy)
+        if problem:
+            print(f"[{mutation.name}] CANNOT APPLY: {problem}")
+            return False
+        print(f"[{mutation.name}] {FILES[mutation.module]}: {mutation.old!r} -> {mutation.new!r}")
+        if dry_run:
+            return True
+        ok = True
+        for test in mutation.tests:
+            result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", test],
+                                    cwd=copy, capture_output=True, text=True)
+            last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+            caught = result.returncode == 1
+            ok &= caught
+            print(f"[{mutation.name}]   {'killed ' if caught else 'SURVIVED'} {test}: {last}")
+        return ok
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="only check that the mutations apply")
+    parser.add_argument("--list", action="store_true", help="list the mutations and their tests")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    if args.list:
+        for mutation in chosen:
+            print(mutation.name, FILES[mutation.module], *mutation.tests, sep="\n  ")
+        return 0
+    results = [run(mutation, args.dry_run) for mutation in chosen]
+    print(f"{sum(results)}/{len(results)} mutation checks {'apply' if args.dry_run else 'caught by their tests'}")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
