@@ -15,6 +15,7 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
+from rstreamer.codec import unpackb
 from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
 
 
@@ -79,17 +80,45 @@ def test_model_error_fails_only_its_item(redis_url, prefix, workers):
     assert good == [4]
 
 
-def test_no_worker_times_out_and_leaves_no_reply_key(redis_client, redis_url, prefix):
+def test_no_worker_times_out_and_withdraws_its_entries(redis_client, redis_url, prefix):
     async def scenario():
         async with AsyncRedisStreamer(redis_url, prefix, timeout=0.3) as streamer:
             with pytest.raises(StreamerTimeout, match="0.3s timeout"):
                 await streamer.predict([1])
-            future = await streamer.submit([1], timeout=5)
+            future = await streamer.submit([2], timeout=5)
             with pytest.raises(StreamerTimeout, match="not answered yet"):
                 await future.result(timeout=0.05)
+            return streamer.keys.requests
 
-    run(scenario())
-    assert not list(redis_client.scan_iter(match=f"*{{{prefix}}}:reply:*"))
+    requests = run(scenario())
+    # The timed-out call withdrew its entry (no worker runs: no reply key is ever written; the
+    # next test proves that a caller deletes one that was). The live call may stay queued.
+    assert [unpackb(fields[b"p"]) for _, fields in redis_client.xrange(requests)] in ([], [2])
+
+
+def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, prefix, workers):
+    # The worker answers, but the caller's pops stall (a fault injected in its connection) until
+    # its deadline: the answer is in the reply key when the caller gives up, and must go with it.
+    workers.start(prefix)
+
+    async def stalled_blpop(keys, timeout=0):
+        await asyncio.sleep(timeout)
+
+    async def scenario():
+        async with AsyncRedisStreamer(redis_url, prefix) as streamer:
+            streamer.redis.blpop = stalled_blpop
+            future = await streamer.submit([1], timeout=1.5)
+            while not redis_client.exists(future.call.reply_key):  # bounded by the deadline below
+                await asyncio.sleep(0.02)
+            with pytest.raises(StreamerTimeout):
+                await future.result()
+            for _ in range(250):  # the call's task deletes it once it stops popping
+                if not redis_client.exists(future.call.reply_key):
+                    return True
+                await asyncio.sleep(0.02)
+            return False
+
+    assert run(asyncio.wait_for(scenario(), 30)), "the caller left its reply key"
 
 
 def test_full_queue_is_overloaded(redis_url, prefix):

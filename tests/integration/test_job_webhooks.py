@@ -17,14 +17,20 @@ from support.polling import wait_until
 class Receiver:
     """An HTTP server that fails the first ``failures`` POSTs with a 500, then answers 200."""
 
-    def __init__(self, failures: int = 0) -> None:
+    def __init__(self, failures: int = 0, hang_first: bool = False) -> None:
         self.failures = failures
         self.posts: list[tuple[dict, dict, int]] = []
+        self.hang_first = hang_first
+        self.unhang = threading.Event()
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if receiver.hang_first and not receiver.posts:
+                    receiver.posts.append((body, dict(self.headers), 0))  # seen; answered below
+                    receiver.unhang.wait(60)
+                    return
                 status = 500 if len(receiver.posts) < receiver.failures else 200
                 receiver.posts.append((body, dict(self.headers), status))
                 self.send_response(status)
@@ -40,6 +46,7 @@ class Receiver:
         self.thread.start()
 
     def close(self) -> None:
+        self.unhang.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -48,8 +55,8 @@ class Receiver:
 def receiver():
     made = []
 
-    def make(failures: int = 0) -> Receiver:
-        made.append(Receiver(failures))
+    def make(failures: int = 0, hang_first: bool = False) -> Receiver:
+        made.append(Receiver(failures, hang_first))
         return made[-1]
 
     yield make
@@ -108,3 +115,26 @@ def test_webhook_gives_up_after_its_attempts(redis_client, redis_url, prefix, wo
         wait_until(lambda: webhooks_drained(redis_client, prefix) and len(hook.posts) == 3, timeout=30,
                    what="three tries, then given up", retry_on=(redis.ResponseError,))
         assert len(hook.posts) == 3
+
+
+def test_a_delivery_whose_sender_died_is_taken_over_by_another_worker(redis_client, redis_url, prefix, workers,
+                                                                      receiver, monkeypatch):
+    # One try of at most 5 s and no pause: a peer takes a delivery over once it has been pending
+    # 15 s (claim_idle: the whole retry schedule plus 10 s).
+    monkeypatch.setenv("RSTREAMER_WEBHOOK_ATTEMPTS", "1")
+    monkeypatch.setenv("RSTREAMER_WEBHOOK_BACKOFF", "0")
+    hook = receiver(hang_first=True)  # the first POST never gets an answer
+    keys = Keys(prefix)
+    first, second = workers.start(prefix), workers.start(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job([1], webhook=hook.url)
+        assert job.wait(timeout=30) is JobState.DONE
+        wait_until(lambda: hook.posts, timeout=30, what="the first POST")
+        (holder,) = redis_client.xpending_range(keys.webhooks, keys.webhook_group, "-", "+", 10)
+        sender = first if holder["consumer"].decode().split(":")[1] == str(first.pid) else second
+        sender.kill()  # mid-POST: the delivery stays pending with a dead consumer
+        wait_until(lambda: len(hook.posts) == 2, timeout=60, what="the delivery taken over and sent again")
+        wait_until(lambda: webhooks_drained(redis_client, prefix), timeout=30, what="the delivery acked")
+    (body, headers, _), (again, headers_again, status) = hook.posts
+    assert status == 200 and again == body and again["job_id"] == job.id
+    assert headers_again["X-Rstreamer-Delivery"] == headers["X-Rstreamer-Delivery"]

@@ -26,6 +26,9 @@ FILES = {
     "job_sink": "rstreamer/job_sink.py",
     "coalescer": "rstreamer/coalescer.py",
     "aclient": "rstreamer/aclient.py",
+    "webhooks": "rstreamer/webhooks.py",
+    "deadletters": "rstreamer/deadletters.py",
+    "lua": "rstreamer/lua.py",
 }
 
 FAULTS = "tests/integration/test_faults.py"
@@ -34,6 +37,8 @@ JOBS = "tests/integration/test_jobs_durability.py"
 WIRE = "tests/integration/test_wire.py"
 COALESCING = "tests/integration/test_coalescing.py"
 ASYNC = "tests/integration/test_async_client.py"
+HARDENING = "tests/integration/test_worker_hardening.py"
+WEBHOOKS = "tests/integration/test_job_webhooks.py"
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,27 @@ MUTATIONS = [
     # A caller that gives up leaves what was answered in its reply key.
     Mutation("reply-delete", "coalescer", "            self._delete(group.reply_key)", "            pass",
              (f"{FAULTS}::test_a_caller_that_times_out_deletes_its_reply_key",
-              f"{COALESCING}::test_calls_that_time_out_before_or_after_their_enqueue_leave_no_reply_key")),
+)),
     Mutation("async-reply-delete", "aclient", "            await self._delete(call.reply_key)", "            pass",
-             (f"{ASYNC}::test_no_worker_times_out_and_leaves_no_reply_key",)),
+             (f"{ASYNC}::test_a_caller_that_times_out_deletes_its_reply_key",)),
+    # SIGTERM's watchdog never ends a drain whose batch never ends.
+    Mutation("drain-watchdog", "worker", "threading.Timer(self.settings.drain_timeout, os._exit",
+             "threading.Timer(3600.0, os._exit",
+             (f"{HARDENING}::test_a_drain_whose_batch_never_ends_exits_1_after_drain_timeout_and_its_entries_are_reclaimed",)),
+    # No webhook sender takes over the deliveries of a dead one.
+    Mutation("webhook-takeover", "webhooks", "claimed = client.xautoclaim(", "claimed = None and client.xautoclaim(",
+             (f"{WEBHOOKS}::test_a_delivery_whose_sender_died_is_taken_over_by_another_worker",)),
+    # A dead letter forgets its level / is replayed onto level 0.
+    Mutation("dead-level", "worker", "        if letter.level:\n", "        if False:\n",
+             (f"{HARDENING}::test_a_dead_letter_keeps_its_level_and_is_replayed_onto_it",)),
+    Mutation("replay-level", "deadletters", "pipe.xadd(keys.requests_at(_level(fields)), entry)",
+             "pipe.xadd(keys.requests, entry)",
+             (f"{HARDENING}::test_a_dead_letter_keeps_its_level_and_is_replayed_onto_it",)),
+    # The dead-letter stream is not capped in length / keeps oversized fields whole.
+    Mutation("dead-max-len", "lua", "redis.call('XTRIM', KEYS[1], 'MAXLEN', dead_len)", "",
+             (f"{HARDENING}::test_dead_letters_are_capped_in_length_and_an_oversized_field_is_kept_as_its_size",)),
+    Mutation("dead-dropped-field", "worker", "if len(value) > self.settings.dead_max_bytes // 2:", "if False:",
+             (f"{HARDENING}::test_dead_letters_are_capped_in_length_and_an_oversized_field_is_kept_as_its_size",)),
 ]
 
 
