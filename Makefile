@@ -1,7 +1,8 @@
 # The two commands of the README: `make demo` and `make test` (and `make lint`, which CI runs first).
 # Each sets up what it needs, once:
 #   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[all]  (no compiler needed)
-#   make test: the same, plus uwsgi, which builds from source (needs a C compiler)
+#   make test: the same, plus uwsgi, which builds from source (needs a C compiler), and the system
+#   tools the tests drive (chromium, prometheus, wrk, libfaketime...: tests/tools/install.sh, apt-get)
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
 # torch==2.13.0 is the CUDA build (gigabytes of NVIDIA libraries).
 VENV ?= .venv
@@ -17,7 +18,7 @@ export PIP_FIND_LINKS ?= /opt/wheels
 endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-tools mutation lint bench clean
 LINT_PATHS := rstreamer webapp workers tests
 
 $(DEMO_STAMP): setup.cfg pyproject.toml
@@ -32,7 +33,11 @@ $(DEMO_STAMP): setup.cfg pyproject.toml
 	touch $@
 	@echo "==> installed; the commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
-$(TEST_STAMP): $(DEMO_STAMP)
+# Every run: quiet when every tool is there; installs what is missing (root, apt-get).
+test-tools:
+	@sh tests/tools/install.sh
+
+$(TEST_STAMP): $(DEMO_STAMP) | test-tools
 	@echo "==> uwsgi for its test (builds from source: needs a C compiler and Python headers)"
 	$(PIP) install -e ".[all,uwsgi]"
 	touch $@
@@ -43,8 +48,21 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer demo $(DEMO_ARGS)
 	$(VENV)/bin/rstreamer demo --generate
 
-test: $(TEST_STAMP)
+test: test-tools $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Not part of `make test` (minutes): each feature tests/mutation/run.py removes, in a scratch
+# copy, must fail the tests that name it; then mutmut over the pure cores ([mutmut] in setup.cfg;
+# results kept in mutants/, so a second run re-checks only what changed) and its score.
+MUTATION_STAMP := $(VENV)/.installed-mutation
+$(MUTATION_STAMP): $(TEST_STAMP)
+	$(PIP) install -q -e ".[all,mutation]"
+	touch $@
+
+mutation: test-tools $(MUTATION_STAMP)
+	$(PY) tests/mutation/run.py
+	$(VENV)/bin/mutmut run --max-children $$(nproc)
+	$(PY) tests/mutation/score.py
 
 # ruff and mypy read their settings from pyproject.toml; both come with the [lint] extra that [all] pulls.
 lint: $(DEMO_STAMP)

@@ -2,6 +2,7 @@
 processes and web servers."""
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
+
+
+# CI installs every tool the tests need (make test: tests/tools/install.sh, the extras of
+# setup.cfg), so a test that skips there for a missing tool or module means that install broke:
+# it fails, naming what it lacked. Locally a skip stays a skip, with its reason (-ra).
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+SKIPS_BY_DESIGN = ("not-runnable:",)  # doc blocks marked <!-- not-runnable: why --> (test_doc_snippets.py)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    _fail_a_skip_in_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield  # a module-level importorskip skips the whole module here
+    _fail_a_skip_in_ci(outcome.get_result())
+
+
+def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _fail_a_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if not (IN_CI and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    reason = skip_reason(report)
+    if reason.startswith(SKIPS_BY_DESIGN):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"skipped in CI, which installs what the tests need: {reason}\n"
+                       "Fix the install (Makefile test-tools: tests/tools/install.sh; setup.cfg extras), not the test.")
 
 
 @pytest.fixture(scope="session")

@@ -75,7 +75,6 @@ def malformed_entry(client: redis.Redis, redis_url: str, prefix: str, token: str
     return fields
 
 
-@pytest.mark.timeout(900)  # the first run may install chromium
 def test_dashboard_in_a_browser(chromium, dashboard, redis_url, redis_client, prefix, workers, request):
     playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' (playwright)")
     ensure_group(redis_client, Keys(prefix))

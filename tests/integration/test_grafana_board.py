@@ -62,7 +62,6 @@ def load(streamer: RedisStreamer, client: ClientMetrics, stop: threading.Event, 
             pass  # counted by outcome: the errors panel shows them
 
 
-@pytest.mark.timeout(900)  # the first run may install Debian's prometheus package
 def test_every_panel_has_data_from_a_real_fleet(redis_url, redis_client, prefix, tmp_path, request):
     prometheus, why = debian_tool("prometheus", "prometheus")
     if prometheus is None:

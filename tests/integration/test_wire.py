@@ -25,17 +25,13 @@ from rstreamer.liveness import server_time_ms
 from rstreamer.messages import unpack_results
 from support import procs
 from support.procs import TESTS, wait_for_workers, wait_until
-from support.system import debian_tool
 
 
 def libfaketime() -> str:
-    """The path of libfaketimeMT, installing Debian's ``faketime`` first when it is missing."""
+    """The path of libfaketimeMT (Debian's ``faketime``, installed by `make test`)."""
     found = _libfaketime_paths()
     if not found:
-        _, why = debian_tool("faketime", "faketime")
-        found = _libfaketime_paths()
-        if not found:
-            pytest.skip(f"libfaketime is missing: {why}")
+        pytest.skip("libfaketime is missing: `make test-tools` installs it (apt-get install faketime)")
     return found[0]
 
 

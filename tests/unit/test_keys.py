@@ -5,6 +5,8 @@ import dataclasses
 import fnmatch
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rstreamer.errors import ConfigError
 from rstreamer.keys import (
@@ -16,12 +18,6 @@ from rstreamer.keys import (
     prefix_of_requests_key,
     validate_prefix,
 )
-
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # hypothesis is optional; the property tests are left out without it
-    given = None
 
 PREFIXES = ["default", "a", "Z", "0", "resnet50", "bert-base.v2_int8", "-", ".", "_", "x" * 100]
 TOKENS = ["c:0", "client:1", "host-1.pid_2:123", "a" * 64 + ":" + "9" * 20]
@@ -267,43 +263,42 @@ def test_prefix_of_requests_key_of_other_keys_of_a_prefix_is_none():
 
 # --- properties (hypothesis) ---------------------------------------------------------------
 
-if given is not None:
-    _FAST = settings(max_examples=100, deadline=None, database=None)
-    _prefix = st.from_regex(r"[A-Za-z0-9_.\-]{1,100}", fullmatch=True)
-    _token = st.from_regex(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}", fullmatch=True)
+_FAST = settings(max_examples=100, deadline=None, database=None)
+_prefix = st.from_regex(r"[A-Za-z0-9_.\-]{1,100}", fullmatch=True)
+_token = st.from_regex(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}", fullmatch=True)
 
-    @_FAST
-    @given(_prefix, _token)
-    def test_property_valid_prefix_and_token(prefix, token):
-        keys = Keys(prefix)
-        assert prefix_of_requests_key(keys.requests) == prefix
-        for key in [keys.requests, keys.dead, keys.workers, keys.reply(token)]:
-            assert key.startswith(f"rstreamer:{{{prefix}}}:")
-            assert "::" not in key
-            assert hash_tag(key) == prefix
+@_FAST
+@given(_prefix, _token)
+def test_property_valid_prefix_and_token(prefix, token):
+    keys = Keys(prefix)
+    assert prefix_of_requests_key(keys.requests) == prefix
+    for key in [keys.requests, keys.dead, keys.workers, keys.reply(token)]:
+        assert key.startswith(f"rstreamer:{{{prefix}}}:")
+        assert "::" not in key
+        assert hash_tag(key) == prefix
 
-    @_FAST
-    @given(st.text(max_size=120))
-    def test_property_any_text_is_a_valid_prefix_or_a_config_error(text):
-        try:
-            prefix = validate_prefix(text)
-        except ConfigError:
-            return
-        assert prefix == (text or "default")
-        assert not set(prefix) & set("{}: \n*?[]")
-        assert prefix_of_requests_key(Keys(prefix).requests) == prefix
+@_FAST
+@given(st.text(max_size=120))
+def test_property_any_text_is_a_valid_prefix_or_a_config_error(text):
+    try:
+        prefix = validate_prefix(text)
+    except ConfigError:
+        return
+    assert prefix == (text or "default")
+    assert not set(prefix) & set("{}: \n*?[]")
+    assert prefix_of_requests_key(Keys(prefix).requests) == prefix
 
-    @_FAST
-    @given(st.text(max_size=90))
-    def test_property_reply_key_never_escapes_its_prefix(text):
-        keys = Keys("p")
-        if not is_reply_token(text):
-            with pytest.raises(ValueError):
-                keys.reply(text)
-            return
-        key = keys.reply(text)
-        assert hash_tag(key) == "p"
-        assert key.count(":") == 5 and "::" not in key
+@_FAST
+@given(st.text(max_size=90))
+def test_property_reply_key_never_escapes_its_prefix(text):
+    keys = Keys("p")
+    if not is_reply_token(text):
+        with pytest.raises(ValueError):
+            keys.reply(text)
+        return
+    key = keys.reply(text)
+    assert hash_tag(key) == "p"
+    assert key.count(":") == 5 and "::" not in key
 
 
 def test_level_zero_is_the_requests_stream_of_old_clients_and_workers():
