@@ -135,9 +135,13 @@ def test_status_reads_every_shard(cluster, client, cluster_workers):
         cluster_workers.start(prefix)
         with RedisStreamer(cluster.url, prefix) as streamer:
             assert streamer.predict([1, 2]) == [2, 4]
-    one = json.loads(run_status(cluster.url, "--prefix", shards[cluster.ports[0]], "--interval", "0"))
+    def status_once_counted() -> dict | None:  # heartbeats carry the items counted so far
+        one = json.loads(run_status(cluster.url, "--prefix", shards[cluster.ports[0]], "--interval", "0"))
+        return one if one["workers"] and one["workers"][0]["items"] == 2 else None
+
+    one = wait_until(status_once_counted, timeout=30, what="the worker's 2 items in status")
     assert one["queue_length"] == 0 and one["pending"] == 0 and one["dead_letters"] == 0
-    assert len(one["workers"]) == 1 and one["workers"][0]["items"] >= 0
+    assert len(one["workers"]) == 1
     listed = {row["prefix"]: row for row in json.loads(run_status(cluster.url))["prefixes"]}
     assert set(shards.values()) <= set(listed), "a prefix on some shard is missing from the listing"
     assert all(listed[prefix]["live_workers"] == 1 for prefix in shards.values())
