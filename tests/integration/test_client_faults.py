@@ -289,10 +289,7 @@ def test_a_base_exception_in_the_flusher_does_not_stop_the_next_calls(redis_url,
     workers.start(prefix)
     monkeypatch.setattr(Coalescer, "_take", take_once_interrupted)
     with RedisStreamer(redis_url, prefix, timeout=5) as streamer:
-        try:
-            first = streamer.predict([1])
-        except Interrupt:
-            first = None
+        # The flusher dies before it takes the call; the recovery starts another, which sends it.
+        assert streamer.predict([1]) == [2]
         assert raised
         assert streamer.predict([2]) == [4]
-    assert first in (None, [2])

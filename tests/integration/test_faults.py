@@ -51,22 +51,37 @@ def executions(path) -> Counter:
 
 
 def test_sigkill_one_worker_mid_load_loses_nothing(redis_client, redis_url, prefix, workers):
-    # The model takes 10 ms per batch, so the victim almost always holds unacked work.
     spec = dict(batch_size=32, max_latency=0.005, init_kwargs={"delay": 0.01})
     victim = workers.start(prefix, **spec)
     survivor = workers.start(prefix, **spec)
+    held: list[int] = []
 
     def kill_after_some(done: threading.Semaphore) -> None:
         for _ in range(1000):
             done.acquire()
+        # Killed only while it holds unacked entries, so that their reclaim is what is tested.
+        deadline = time.monotonic() + 30
+        while not held and time.monotonic() < deadline:
+            os.kill(victim.pid, signal.SIGSTOP)
+            held.extend(n for n in [_pending_of(redis_client, prefix, victim.pid)] if n)
+            if not held:
+                os.kill(victim.pid, signal.SIGCONT)
+                time.sleep(0.005)  # let it read its next batch
         os.kill(victim.pid, signal.SIGKILL)
 
     with RedisStreamer(redis_url, prefix) as streamer:
         outcomes = run_load(streamer, 5000, on_progress=kill_after_some)
     assert victim.wait(timeout=5) == -signal.SIGKILL
+    assert held, "the victim never held an unacked entry"
     assert outcomes == Counter(ok=5000)
     wait_until(lambda: live_pids(redis_url, prefix) == {survivor.pid}, timeout=5,
                what="the dead consumer to be forgotten")
+
+
+def _pending_of(client: redis.Redis, prefix: str, pid: int) -> int:
+    keys = Keys(prefix)
+    consumers = client.xpending(keys.requests, keys.group)["consumers"]
+    return sum(int(c["pending"]) for c in consumers if c["name"].decode().split(":")[1] == str(pid))
 
 
 def test_sigkill_whole_worker_tree_then_new_worker_finishes_its_work(redis_url, prefix, workers, tmp_path):

@@ -186,11 +186,29 @@ def test_a_worker_stuck_past_stuck_after_is_killed_and_its_work_reclaimed(redis_
     assert stuck.wait(timeout=10) == -signal.SIGKILL
 
 
-def test_a_stopped_worker_is_replaced_after_stuck_after(redis_url, prefix, workers):
-    stopped = workers.start(prefix, settings={**FAST, "stuck_after": 3.0})
-    os.kill(stopped.pid, signal.SIGSTOP)
-    assert stopped.wait(timeout=20) == -signal.SIGKILL  # killed by its heartbeat process
-    wait_until(lambda: stopped.pid not in live_pids(redis_url, prefix), timeout=5, what="its heartbeat to go")
+def test_a_stopped_worker_is_replaced_after_stuck_after_and_its_entries_reclaimed(
+        redis_client, redis_url, prefix, workers):
+    keys = Keys(prefix)
+    workers.start(prefix, wait=False, supervised=1, settings={**FAST, "stuck_after": 3.0})
+    wait_for_workers(redis_url, prefix, count=1)
+    (stopped,) = live_pids(redis_url, prefix)
+    # Stopped inside a blocking read: Redis still hands it the next entry, which it then holds.
+    wait_until(lambda: _blocked_readers(redis_client), what="the worker blocked in XREADGROUP")
+    os.kill(stopped, signal.SIGSTOP)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        future = streamer.submit([5])
+        held = wait_until(lambda: redis_client.xpending_range(keys.requests, keys.group, "-", "+", 1),
+                          what="the entry delivered to the stopped worker")
+        assert held[0]["consumer"].decode().split(":")[1] == str(stopped)
+        # killed by its heartbeat process, which removes its heartbeat; its supervisor starts another
+        live = wait_until(lambda: (pids := live_pids(redis_url, prefix)) and stopped not in pids and pids,
+                          timeout=30, what="a replacement worker")
+        assert future.result(timeout=40) == [10]
+    assert len(live) == 1
+
+
+def _blocked_readers(client: redis.Redis) -> list[dict]:
+    return [c for c in client.client_list() if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")]
 
 
 # 8: start while Redis is away ----------------------------------------------------------------

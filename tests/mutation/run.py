@@ -29,6 +29,8 @@ FILES = {
     "webhooks": "rstreamer/webhooks.py",
     "deadletters": "rstreamer/deadletters.py",
     "lua": "rstreamer/lua.py",
+    "supervisor": "rstreamer/supervisor.py",
+    "batching": "rstreamer/batching.py",
 }
 
 FAULTS = "tests/integration/test_faults.py"
@@ -39,6 +41,8 @@ COALESCING = "tests/integration/test_coalescing.py"
 ASYNC = "tests/integration/test_async_client.py"
 HARDENING = "tests/integration/test_worker_hardening.py"
 WEBHOOKS = "tests/integration/test_job_webhooks.py"
+QUOTAS = "tests/integration/test_quotas_redis.py"
+TRACING = "tests/integration/test_tracing.py"
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,21 @@ MUTATIONS = [
              (f"{HARDENING}::test_dead_letters_are_capped_in_length_and_an_oversized_field_is_kept_as_its_size",)),
     Mutation("dead-dropped-field", "worker", "if len(value) > self.settings.dead_max_bytes // 2:", "if False:",
              (f"{HARDENING}::test_dead_letters_are_capped_in_length_and_an_oversized_field_is_kept_as_its_size",)),
+    # A call refused for a full queue still takes its tenant's tokens.
+    Mutation("quota-refund", "lua", "reason, detail = 1, ahead\n",
+             "reason, detail = 1, ahead\n      if b then redis.call('HSET', KEYS[2 + tenant], 'tokens', "
+             "tostring(b.tokens - size), 'ms', now_ms) end\n",
+             (f"{QUOTAS}::test_a_refused_call_takes_no_tokens",)),
+    # A supervisor does not replace a worker its heartbeat process killed.
+    Mutation("supervisor-restart", "supervisor", "                self._start(slot)\n", "                pass\n",
+             (f"{HARDENING}::test_a_stopped_worker_is_replaced_after_stuck_after_and_its_entries_reclaimed",)),
+    # A reply to a version-1 entry (or any) without its TTL.
+    Mutation("reply-ttl", "lua", "    redis.call('PEXPIRE', KEYS[k], ttl)\n", "",
+             (f"{WIRE}::test_a_version_1_entry_is_served_and_answered_in_version_1",)),
+    # The batch close reason the metrics and traces report.
+    Mutation("closed-reason", "batching", '            closed = "queue_empty"\n            break',
+             '            closed = "latency"\n            break',
+             (f"{TRACING}::test_one_trace_from_the_call_to_the_batch_that_served_it",)),
 ]
 
 
