@@ -99,7 +99,8 @@ MUTATIONS = [
              "tostring(b.tokens - size), 'ms', now_ms) end\n",
              (f"{QUOTAS}::test_a_refused_call_takes_no_tokens",)),
     # A supervisor does not replace a worker its heartbeat process killed.
-    Mutation("supervisor-restart", "supervisor", "                self._start(slot)\n", "                pass\n",
+    Mutation("supervisor-restart", "supervisor", "del self._restart_at[slot]\n                self._start(slot)",
+             "del self._restart_at[slot]",
              (f"{HARDENING}::test_a_stopped_worker_is_replaced_after_stuck_after_and_its_entries_reclaimed",)),
     # A reply to a version-1 entry (or any) without its TTL.
     Mutation("reply-ttl", "lua", "    redis.call('PEXPIRE', KEYS[k], ttl)\n", "",
