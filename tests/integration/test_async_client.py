@@ -17,6 +17,7 @@ from rstreamer import (
 )
 from rstreamer.codec import unpackb
 from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
+from support.polling import async_wait_until
 
 
 def run(coroutine):
@@ -108,17 +109,15 @@ def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, 
         async with AsyncRedisStreamer(redis_url, prefix) as streamer:
             streamer.redis.blpop = stalled_blpop
             future = await streamer.submit([1], timeout=1.5)
-            while not redis_client.exists(future.call.reply_key):  # bounded by the deadline below
-                await asyncio.sleep(0.02)
+            await async_wait_until(lambda: redis_client.exists(future.call.reply_key),
+                                   what="the worker's answer in the reply key")
             with pytest.raises(StreamerTimeout):
                 await future.result()
-            for _ in range(250):  # the call's task deletes it once it stops popping
-                if not redis_client.exists(future.call.reply_key):
-                    return True
-                await asyncio.sleep(0.02)
-            return False
+            # the call's task deletes it once it stops popping, just after the future timed out
+            await async_wait_until(lambda: not redis_client.exists(future.call.reply_key), timeout=5,
+                                   what="the caller to delete its reply key")
 
-    assert run(asyncio.wait_for(scenario(), 30)), "the caller left its reply key"
+    run(asyncio.wait_for(scenario(), 30))
 
 
 def test_full_queue_is_overloaded(redis_url, prefix):
@@ -137,8 +136,7 @@ def test_calls_past_max_connections_are_overloaded(redis_client, redis_url, pref
         async with AsyncRedisStreamer(redis_url, prefix, timeout=10, max_connections=1) as streamer:
             waiting = asyncio.ensure_future(streamer.predict([1]))
             # The first call holds the only connection once it blocks in BLPOP.
-            while not await asyncio.to_thread(_blpop_clients, redis_client):
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: _blpop_clients(redis_client), what="the first call in BLPOP")
             with pytest.raises(Overloaded, match="too many calls in flight"):
                 await streamer.predict([2])
             waiting.cancel()
@@ -165,11 +163,13 @@ def test_redis_down_is_broker_unavailable_then_recovers(redis_server, redis_url,
                 assert raised.value.http_status == 503
             finally:
                 redis_server.start()
-            while True:  # the worker reconnects with backoff; poll until it serves again
+            deadline = asyncio.get_running_loop().time() + 30
+            while asyncio.get_running_loop().time() < deadline:  # the worker reconnects with backoff
                 try:
                     return await streamer.predict([3], timeout=1)
                 except (StreamerTimeout, BrokerUnavailable):
                     continue
+            return "the service did not resume within 30 s"
 
     assert run(scenario()) == [6]
 

@@ -22,6 +22,7 @@ from rstreamer.codec import unpackb
 from rstreamer.embedded import EmbeddedRedis
 from rstreamer.errors import RStreamerError
 from support.held import HeldSends
+from support.polling import async_wait_until
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration
@@ -117,8 +118,7 @@ def test_async_calls_return_within_their_timeout_while_redis_is_stalled(private_
     async def scenario() -> list[tuple[Any, float]]:
         async with AsyncRedisStreamer(private_redis.url, prefix, timeout=timeout) as streamer:
             first = asyncio.ensure_future(timed(streamer.predict([1])))
-            while not _blpop_clients(client):
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: _blpop_clients(client), what="the first call in BLPOP")
             _signal(private_redis, signal.SIGSTOP)
             try:
                 during = [timed(streamer.predict([n])) for n in range(4)]
@@ -261,8 +261,7 @@ def test_an_async_caller_cancelled_mid_blpop_loses_no_reply_of_other_waiters(red
             future = await streamer.submit([1])
             first = asyncio.ensure_future(future.result())
             second = asyncio.ensure_future(future.result())
-            while not _blpop_clients(redis_client):
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: _blpop_clients(redis_client), what="the calls in BLPOP")
             # Blocking calls, so that no task runs before the cancel: Redis pops the reply and
             # sends it to the waiting BLPOP, whose reader is cancelled before it reads it.
             redis_client.rpush(future.call.reply_key, msgpack.packb([[0, True, "answer"]]))

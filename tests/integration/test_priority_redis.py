@@ -218,25 +218,13 @@ def test_worker_metrics_count_items_and_wait_per_level(redis_client, redis_url, 
 
 
 def test_a_refused_bulk_call_does_not_refuse_an_urgent_call_coalesced_after_it(redis_client, redis_url, prefix,
-                                                                                 monkeypatch):
+                                                                                 held_first_send):
     import threading
-    import time
-
-    from rstreamer.coalescer import Coalescer
 
     keys = Keys(prefix)
     ensure_groups(redis_client, keys, 2)
     publish_levels(redis_client, keys, Levels((8, 1), (0, 1)))  # level 1 holds one item at most
-    sends: list[int] = []
-    original = Coalescer._send
-
-    def slow_first_send(self, taken):
-        sends.append(len(taken))
-        if len(sends) == 1:
-            time.sleep(0.3)  # the next calls pile up and go out together
-        return original(self, taken)
-
-    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
+    sends = held_first_send
     outcomes: dict[str, object] = {}
     with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
         def submit(name: str, priority: int) -> None:
@@ -249,9 +237,10 @@ def test_a_refused_bulk_call_does_not_refuse_an_urgent_call_coalesced_after_it(r
         first.start()
         wait_until(lambda: sends, what="the first ENQUEUE")
         later = [threading.Thread(target=submit, args=args) for args in (("bulk-1", 1), ("urgent", 0))]
-        for thread in later:
+        for waiting, thread in enumerate(later, 1):  # one at a time: bulk-1 is queued before urgent
             thread.start()
-            time.sleep(0.02)  # keeps their order in the next ENQUEUE; not a synchronisation
+            wait_until(lambda n=waiting: len(streamer._coalescer._pending) == n, what=f"{waiting} calls held")
+        sends.release()
         for thread in [first, *later]:
             thread.join()
         assert sends == [1, 2], "the two later calls went out in one ENQUEUE"
