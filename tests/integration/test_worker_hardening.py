@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rstreamer import RedisStreamer, RedisWorker, WorkerSettings
+from rstreamer import Overloaded, RedisStreamer, RedisWorker, WorkerSettings
 from rstreamer.deadletters import replay
 from rstreamer.embedded import EmbeddedRedis, free_port
 from rstreamer.keys import Keys
@@ -61,7 +61,7 @@ def test_workers_drain_a_redis_that_is_over_maxmemory(full_redis, prefix):
     os.kill(early.pid, signal.SIGSTOP)
     streamer = RedisStreamer(server.url, prefix, timeout=120, max_queue=0)
     futures = []
-    with pytest.raises(Exception):  # noqa: B017 - whatever the client maps Redis's OOM to
+    with pytest.raises(Overloaded, match="maxmemory"):  # Redis's OOM refusal, as a 503
         while len(futures) < 10_000:
             futures.append(streamer.submit(["y" * 200_000]))
     # Below what is used: every write that grows memory is refused until the queue drains.
