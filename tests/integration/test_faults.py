@@ -277,7 +277,7 @@ def test_redis_restart_mid_load(redis_server, redis_url, prefix, workers):
     started = time.monotonic()
     with pytest.raises(BrokerUnavailable):
         streamer.predict([2])
-    assert time.monotonic() - started < 10, "a call during an outage must fail within a bounded time"
+    assert time.monotonic() - started < 5, "a call during an outage must fail before its 5 s timeout"
     redis_server.start()
     # the restarted server has no stream and no group: both are recreated by the worker
     wait_until(lambda: _answers(streamer, 3), timeout=20, what="service to resume")

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -75,15 +74,14 @@ def test_a_model_whose_import_fails_in_the_worker_stops_the_supervisor_with_exit
             def predict(self, batch):
                 return batch
     """))
-    started = time.monotonic()
     result = run([str(BIN / "rstreamer-worker"), "--redis", redis_url, "--prefix", prefix, "--log-level", "WARNING",
                   "needs_missing:Model"], cwd=tmp_path, timeout=60)
     assert result.returncode == 2, result.stderr
     line = one_line(result.stderr)
     assert "cannot import 'needs_missing:Model'" in line and "no_such_dependency_xyz" in line, line
     assert "crash loop" not in result.stderr
-    # No restart: the crash-loop path took 20 s (six starts and their backoffs).
-    assert time.monotonic() - started < 20
+    # No restart (the crash-loop path took six starts and their backoffs, 20 s): one import tried.
+    assert result.stderr.count("cannot import") == 1, result.stderr
 
 
 def test_wait_for_redis_waits_for_a_redis_that_starts_later(prefix, tmp_path):
