@@ -21,6 +21,7 @@ from rstreamer.keys import Keys
 from support import procs
 from support.cluster import LocalCluster
 from support.procs import ROOT, WorkerProcesses, wait_until
+from support.web import WebServers
 
 pytestmark = pytest.mark.integration
 
@@ -156,21 +157,17 @@ def run_status(url: str, *args: str) -> str:
 
 
 def test_web_apps_serve_and_report_ready_from_the_cluster(cluster, prefix, cluster_workers):
-    from starlette.testclient import TestClient
-
-    from rstreamer.settings import ClientSettings
-    from webapp import app as flask_app
-    from webapp import asgi
-    from webapp.config import WebConfig
-
     cluster_workers.start(prefix)
-    config = WebConfig(cluster.url, prefix, ClientSettings(timeout=10))
-    with flask_app.create_app(config).test_client() as client:
-        assert client.get("/readyz").status_code == 200
-        assert client.post("/predict", json={"inputs": [1, 2]}).get_json() == {"outputs": [2, 4]}
-    with TestClient(asgi.create_app(config)) as client:
-        assert client.get("/readyz").status_code == 200
-        assert client.post("/predict", json={"inputs": [3]}).json() == {"outputs": [6]}
+    web = WebServers(cluster.url)  # gunicorn and uvicorn processes, with the cluster's URL
+    try:
+        flask = web.gunicorn(prefix, RSTREAMER_TIMEOUT="10")
+        assert flask.client.get("/readyz").status_code == 200
+        assert flask.predict([1, 2]).json() == {"outputs": [2, 4]}
+        starlette = web.uvicorn(prefix, RSTREAMER_TIMEOUT="10")
+        assert starlette.client.get("/readyz").status_code == 200
+        assert starlette.predict([3]).json() == {"outputs": [6]}
+    finally:
+        web.stop_all()
 
 
 def test_prefixes_spread_over_shards_and_each_stays_on_one_slot(cluster, client, cluster_workers):
