@@ -75,7 +75,11 @@ def test_sigkill_one_worker_mid_load_loses_nothing(redis_client, redis_url, pref
     assert held, "the victim never held an unacked entry"
     assert outcomes == Counter(ok=5000)
     wait_until(lambda: live_pids(redis_url, prefix) == {survivor.pid}, timeout=5,
-               what="the dead consumer to be forgotten")
+               what="the dead worker's heartbeat to be forgotten")
+    # ...and, holding nothing once reclaimed, its consumer is removed from the group
+    keys = Keys(prefix)
+    wait_until(lambda: [c["name"].decode().split(":")[1] for c in redis_client.xinfo_consumers(
+        keys.requests, keys.group)] == [str(survivor.pid)], timeout=10, what="the dead consumer removed")
 
 
 def _pending_of(client: redis.Redis, prefix: str, pid: int) -> int:

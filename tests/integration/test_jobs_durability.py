@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer, StreamerTimeout
+from rstreamer.deadletters import replay
 from rstreamer.keys import Keys
 from rstreamer.liveness import fleet_totals
 from support import procs
@@ -174,3 +175,35 @@ def test_submitter_and_a_worker_killed_mid_job(redis_client, redis_url, prefix, 
             os.killpg(submitter.pid, signal.SIGKILL)
         submitter.wait(timeout=10)
         submitter.stdout.close()
+
+
+def test_a_replayed_item_of_a_finished_job_does_not_run(redis_client, redis_url, prefix, workers):
+    # "kill" kills every process that runs it: dead-lettered after 3 deliveries, its job fails.
+    keys = Keys(prefix)
+    workers.start(prefix, wait=False, supervised=2, batch_size=1, settings=FAST)
+    procs.wait_for_workers(redis_url, prefix, count=2)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job([1, "kill"])
+        assert job.wait(timeout=60) is JobState.FAILED
+        (letter_id, _), = redis_client.xrange(keys.dead)
+        # The supervisor has replaced the killed workers: two live processes, which must survive.
+        alive = wait_until(lambda: (pids := _running(procs.live_pids(redis_url, prefix))) and len(pids) == 2 and pids,
+                           timeout=30, what="two running workers")
+        assert replay(redis_client, keys, [letter_id.decode()]) == 1
+        wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=30, what="the replayed entry dropped")
+        assert streamer.predict([5]) == [10]  # served after it
+        assert _running(alive) == alive, "the finished job's replayed item ran (and killed its worker)"
+        assert job.progress() == Progress(1, 1, 2) and redis_client.xlen(keys.dead) == 0
+
+
+def _running(pids: set[int]) -> set[int]:
+    """The pids that are running processes (not gone, not zombies)."""
+    running = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(") ", 1)[1][0] != "Z":
+                    running.add(pid)
+        except (FileNotFoundError, IndexError):
+            pass
+    return running

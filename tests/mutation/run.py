@@ -68,7 +68,8 @@ MUTATIONS = [
     Mutation("job-admit", "job_sink", 'if state in (b"queued", b"running"):', "if True:",
              (f"{JOBS}::test_expired_job_is_gone_and_its_items_do_not_run",
               f"{JOBS}::test_cancel_runs_no_more_items",
-              f"{JOBS}::test_items_of_a_job_whose_keys_vanished_do_not_run")),
+              f"{JOBS}::test_items_of_a_job_whose_keys_vanished_do_not_run",
+              f"{JOBS}::test_a_replayed_item_of_a_finished_job_does_not_run")),
     # A caller that gives up leaves what was answered in its reply key.
     Mutation("reply-delete", "coalescer", "            self._delete(group.reply_key)", "            pass",
              (f"{FAULTS}::test_a_caller_that_times_out_deletes_its_reply_key",
