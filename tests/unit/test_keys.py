@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,10 @@ from rstreamer.keys import (
     GROUP,
     REQUESTS_PATTERN,
     Keys,
+    is_answer_token,
+    is_job_id,
     is_reply_token,
+    job_of_token,
     prefix_of_requests_key,
     validate_prefix,
 )
@@ -309,3 +313,42 @@ def test_level_zero_is_the_requests_stream_of_old_clients_and_workers():
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError):
             keys.requests_at(bad)
+
+
+# --- the names the docs and the Lua scripts rely on (found by mutation testing) -------------
+
+JOB = "0123456789abcdef0123456789abcdef"
+
+
+def test_job_tenant_and_token_keys_have_their_documented_names():
+    keys = Keys("p")
+    assert keys.job(JOB) == f"rstreamer:{{p}}:job:{JOB}"  # docs/jobs.md, "Keys"
+    assert keys.job_inputs(JOB) == f"rstreamer:{{p}}:job:{JOB}:inputs"
+    assert keys.job_results(JOB) == f"rstreamer:{{p}}:job:{JOB}:results"
+    assert keys.job_log(JOB) == f"rstreamer:{{p}}:job:{JOB}:log"
+    assert keys.bucket("acme.eu@x") == "rstreamer:{p}:bucket:acme.eu@x"
+    assert keys.cancelled("c:1") == "rstreamer:{p}:cancelled:c:1"
+    assert keys.stream_control("c:1") == "rstreamer:{p}:stream:c:1"
+
+
+@pytest.mark.parametrize(("build", "bad", "message"), [
+    (Keys.job, "ABC", "invalid job id 'ABC'"),
+    (Keys.job_inputs, JOB[:-1], "invalid job id"),
+    (Keys.job_results, JOB + "0", "invalid job id"),
+    (Keys.job_log, 42, "invalid job id 42"),
+    (Keys.bucket, "no spaces", "invalid tenant 'no spaces'"),
+    (Keys.bucket, 7, "invalid tenant 7"),
+    (Keys.cancelled, "c:x", "invalid reply token 'c:x'"),
+    (Keys.stream_control, "../c:1", "invalid reply token"),
+    (Keys.requests_at, -1, "invalid priority level -1"),
+])
+def test_a_key_of_an_invalid_name_is_a_clear_error(build, bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(Keys("p"), bad)
+
+
+def test_job_tokens_name_their_job_and_nothing_else():
+    assert job_of_token(f"job:{JOB}") == JOB
+    assert job_of_token(JOB) is None and job_of_token(f"job:{JOB}x") is None and job_of_token(None) is None
+    assert is_job_id(JOB) and not is_job_id(JOB.upper()) and not is_job_id(None)
+    assert is_answer_token(f"job:{JOB}") and is_answer_token("c:1") and not is_answer_token("job:x")
