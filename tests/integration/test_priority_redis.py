@@ -67,12 +67,18 @@ def test_urgent_calls_overtake_a_bulk_backlog(redis_url, prefix, workers, tmp_pa
     """A worker busy with a deep bulk backlog runs urgent items within a few batches, each
     level in FIFO order, and the bulk level keeps being served meanwhile."""
     log = tmp_path / "runs.log"
-    workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log), "delay": 0.02},
-                  batch_size=4, settings=TWO_LEVELS)
+    worker = workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log), "delay": 0.02},
+                           batch_size=4, settings=TWO_LEVELS)
     with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
         bulk = [streamer.submit([1000 + n], priority=1) for n in range(300)]
         wait_until(lambda: len(executions(log)) >= 20, what="bulk work in progress")
-        urgent = [streamer.submit([n]) for n in range(12)]
+        # The urgent calls arrive together (the worker paused while they are sent, its heartbeat
+        # process beating on): on a loaded machine, sent one by one, they trickled in between reads.
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            urgent = [streamer.submit([n]) for n in range(12)]
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
         assert [future.result(timeout=30) for future in urgent] == [[2 * n] for n in range(12)]
         ran = executions(log)
         assert not all(future.done() for future in bulk), "the bulk backlog was gone too soon to tell"
