@@ -31,6 +31,7 @@ FILES = {
     "lua": "rstreamer/lua.py",
     "supervisor": "rstreamer/supervisor.py",
     "batching": "rstreamer/batching.py",
+    "status": "rstreamer/status.py",
 }
 
 FAULTS = "tests/integration/test_faults.py"
@@ -43,6 +44,7 @@ HARDENING = "tests/integration/test_worker_hardening.py"
 WEBHOOKS = "tests/integration/test_job_webhooks.py"
 QUOTAS = "tests/integration/test_quotas_redis.py"
 TRACING = "tests/integration/test_tracing.py"
+PRIORITY = "tests/integration/test_priority_redis.py"
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,16 @@ MUTATIONS = [
     Mutation("closed-reason", "batching", '            closed = "queue_empty"\n            break',
              '            closed = "latency"\n            break',
              (f"{TRACING}::test_one_trace_from_the_call_to_the_batch_that_served_it",)),
+    # A call that times out leaves its entries queued for the workers.
+    Mutation("timeout-withdraw", "coalescer", "self._withdraw([t for t in group.tickets if not t.future.done()], True)",
+             "pass", (f"{COALESCING}::test_calls_that_time_out_before_or_after_their_enqueue_leave_nothing_queued",)),
+    Mutation("async-timeout-withdraw", "aclient",
+             "            await self._withdraw(future, whole=True)\n            await self._delete(call.reply_key)",
+             "            await self._delete(call.reply_key)",
+             (f"{ASYNC}::test_no_worker_times_out_and_withdraws_its_entries",)),
+    # rstreamer status reports no wait for a level with waiting items.
+    Mutation("status-oldest-wait", "status", "round(max(0, snapshot.now_ms - d.oldest_ms) / 1000, 3)", "0.0",
+             (f"{PRIORITY}::test_status_shows_depth_and_wait_per_level",)),
 ]
 
 
