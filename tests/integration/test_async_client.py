@@ -16,7 +16,7 @@ from rstreamer import (
     StreamerTimeout,
 )
 from rstreamer.codec import unpackb
-from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
+from rstreamer_tools.sentences import SENTENCES, TRIPLES, cosine
 from support.polling import async_wait_until
 
 

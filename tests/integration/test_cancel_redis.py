@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from rstreamer import AsyncRedisStreamer, Cancelled, RedisStreamer, StreamerTimeout
-from rstreamer.keys import Keys
-from support.procs import test_env, wait_until
+from rstreamer.wire.keys import Keys
+from support import procs
+from support.procs import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def test_an_item_a_worker_holds_but_has_not_started_is_skipped(redis_client, red
 def _status_workers(redis_url: str, prefix: str) -> list[dict]:
     done = subprocess.run([sys.executable, "-c", "import sys; from rstreamer.cli import main; sys.exit(main())",
                            "status", "--redis", redis_url, "--prefix", prefix, "--interval", "0", "--json"],
-                          capture_output=True, text=True, timeout=30, env=test_env())
+                          capture_output=True, text=True, timeout=30, env=procs.test_env())
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["workers"]
 

@@ -16,9 +16,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from rstreamer import RedisStreamer, RemoteError
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
-from rstreamer.status import take_snapshots, worker_rows
+from rstreamer.broker.embedded import free_port
+from rstreamer.ops.status import take_snapshots, worker_rows
+from rstreamer.wire.keys import Keys
 from support import procs
 from support.procs import wait_until
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
-from rstreamer.messages import DEADLINE, REMAINING
-from rstreamer.tools import board
+from rstreamer.broker.embedded import free_port
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import DEADLINE, REMAINING
+from rstreamer_tools import board
 from support import procs
 from support.procs import wait_until
 from support.system import debian_tool

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer, StreamerTimeout
-from rstreamer.deadletters import replay
-from rstreamer.keys import Keys
-from rstreamer.liveness import fleet_totals
+from rstreamer.ops.deadletters import replay
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import fleet_totals
 from support import procs
 from support.polling import wait_until
 from support.procs import TESTS, WorkerProcesses
@@ -185,7 +185,8 @@ def test_a_replayed_item_of_a_finished_job_does_not_run(redis_client, redis_url,
     with RedisStreamer(redis_url, prefix) as streamer:
         job = streamer.submit_job([1, "kill"])
         assert job.wait(timeout=60) is JobState.FAILED
-        (letter_id, _), = redis_client.xrange(keys.dead)
+        # the job records its answer, then the same worker writes the letter (lua FINISH)
+        (letter_id, _), = wait_until(lambda: redis_client.xrange(keys.dead), what="the dead letter")
         # The supervisor has replaced the killed workers: two live processes, which must survive.
         alive = wait_until(lambda: (pids := _running(procs.live_pids(redis_url, prefix))) and len(pids) == 2 and pids,
                            timeout=30, what="two running workers")

@@ -21,17 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Where each mutated module lives: the one place to update when the library is reorganised.
 FILES = {
-    "worker": "rstreamer/worker.py",
-    "streaming": "rstreamer/streaming.py",
-    "job_sink": "rstreamer/job_sink.py",
-    "coalescer": "rstreamer/coalescer.py",
-    "aclient": "rstreamer/aclient.py",
-    "webhooks": "rstreamer/webhooks.py",
-    "deadletters": "rstreamer/deadletters.py",
-    "lua": "rstreamer/lua.py",
-    "supervisor": "rstreamer/supervisor.py",
-    "batching": "rstreamer/batching.py",
-    "status": "rstreamer/status.py",
+    "worker": "rstreamer/worker/loop.py",
+    "streaming": "rstreamer/worker/generative_lane.py",
+    "job_sink": "rstreamer/jobs/sink.py",
+    "coalescer": "rstreamer/client/coalescer.py",
+    "aclient": "rstreamer/client/aio.py",
+    "webhooks": "rstreamer/jobs/webhooks.py",
+    "deadletters": "rstreamer/ops/deadletters.py",
+    "finish_lua": "rstreamer/wire/lua/finish.lua",
+    "enqueue_lua": "rstreamer/wire/lua/enqueue_calls.lua",
+    "supervisor": "rstreamer/worker/supervisor.py",
+    "batching": "rstreamer/batching/batcher.py",
+    "status": "rstreamer/ops/status.py",
 }
 
 FAULTS = "tests/integration/test_faults.py"
@@ -92,12 +93,12 @@ MUTATIONS = [
              "pipe.xadd(keys.requests, entry)",
              (f"{HARDENING}::test_a_dead_letter_keeps_its_level_and_is_replayed_onto_it",)),
     # The dead-letter stream is not capped in length / keeps oversized fields whole.
-    Mutation("dead-max-len", "lua", "redis.call('XTRIM', KEYS[1], 'MAXLEN', dead_len)", "",
+    Mutation("dead-max-len", "finish_lua", "redis.call('XTRIM', KEYS[1], 'MAXLEN', dead_len)", "",
              (f"{HARDENING}::test_dead_letters_are_capped_in_length_and_an_oversized_field_is_kept_as_its_size",)),
     Mutation("dead-dropped-field", "worker", "if len(value) > self.settings.dead_max_bytes // 2:", "if False:",
              (f"{HARDENING}::test_dead_letters_are_capped_in_length_and_an_oversized_field_is_kept_as_its_size",)),
     # A call refused for a full queue still takes its tenant's tokens.
-    Mutation("quota-refund", "lua", "reason, detail = 1, ahead\n",
+    Mutation("quota-refund", "enqueue_lua", "reason, detail = 1, ahead\n",
              "reason, detail = 1, ahead\n      if b then redis.call('HSET', KEYS[2 + tenant], 'tokens', "
              "tostring(b.tokens - size), 'ms', now_ms) end\n",
              (f"{QUOTAS}::test_a_refused_call_takes_no_tokens",)),
@@ -106,7 +107,7 @@ MUTATIONS = [
              "del self._restart_at[slot]",
              (f"{HARDENING}::test_a_stopped_worker_is_replaced_after_stuck_after_and_its_entries_reclaimed",)),
     # A reply to a version-1 entry (or any) without its TTL.
-    Mutation("reply-ttl", "lua", "    redis.call('PEXPIRE', KEYS[k], ttl)\n", "",
+    Mutation("reply-ttl", "finish_lua", "    redis.call('PEXPIRE', KEYS[k], ttl)\n", "",
              (f"{WIRE}::test_a_version_1_entry_is_served_and_answered_in_version_1",)),
     # The batch close reason the metrics and traces report.
     Mutation("closed-reason", "batching", '            closed = "queue_empty"\n            break',

@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.keys: the key scheme, prefix validation and reply tokens (no Redis)."""
+"""Unit tests of rstreamer.wire.keys: the key scheme, prefix validation and reply tokens (no Redis)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rstreamer.errors import ConfigError
-from rstreamer.keys import (
+from rstreamer.wire.keys import (
     DEFAULT_PREFIX,
     GROUP,
     REQUESTS_PATTERN,
