@@ -19,6 +19,7 @@ from ... import status
 from ...connection import RedisClient
 from ...deadletters import as_json, read_dead_letters
 from ...keys import Keys
+from ...liveness import live_workers
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class Sampler:
             "workers": status.worker_rows(snapshot, self.dead_after),
             "dead": [as_json(letter) for letter in read_dead_letters(self.client, keys, self._dead_shown)],
         }
+        live = len(live_workers(snapshot.now_ms, snapshot.workers, int(self.dead_after * 1000)))
+        row["state"] = status.prefix_state(live, snapshot.queue_length + snapshot.pending)
         row["history"] = self._remember(snapshot.prefix, snapshot.now_ms, row)
         return row
 
