@@ -60,7 +60,7 @@ def test_unreachable_redis_stops_rstreamer_worker_at_once_with_one_line():
     # a misspelt module, package or class gets the names it likely meant
     (["support.modles:Doubler"], "no module named 'support.modles'; did you mean 'support.models'?"),
     (["suport.models:Doubler"], "no module named 'suport'; did you mean 'support'?"),
-    (["support.models:Model"], "defines no 'Model'; did you mean"),
+    (["workers.embedding:Model"], "defines no 'Model'; did you mean 'EmbeddingModel'?"),  # not 'model', a local
     # a file path where a module belongs: the dotted name to type instead
     (["support/models.py:Doubler"], "name the module with dots, as Python imports it, not as a file: "
                                      "support.models:Doubler"),
