@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
-from .batching import BatchPolicy
-from .costing import CostBudget, parse_cost_model
+from .batching.batcher import BatchPolicy
+from .batching.costing import CostBudget, parse_cost_model
+from .batching.priority import Levels
+from .batching.quotas import Quotas
 from .errors import ConfigError
-from .priority import Levels
-from .quotas import Quotas
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "RSTREAMER_"
@@ -87,7 +87,7 @@ def parse_cost_model_name(text: str) -> str:
 
 
 def parse_priorities(text: str) -> str:
-    """Priority weights, level 0 first, e.g. ``8,1`` (see rstreamer.priority.Levels); its
+    """Priority weights, level 0 first, e.g. ``8,1`` (see rstreamer.batching.priority.Levels); its
     ConfigError (a ValueError) says what is wrong."""
     Levels.parse(text)
     return text.strip()
@@ -112,7 +112,7 @@ def parse_level_max_queue(text: str) -> str:
 
 
 def parse_tenant_quotas(text: str) -> str:
-    """Tenants with their own quota, ``acme=100:200,bob=5:10`` (rate:burst; see rstreamer.quotas)."""
+    """Tenants with their own quota, ``acme=100:200,bob=5:10`` (rate:burst; see rstreamer.batching.quotas)."""
     Quotas.parse(tenants=text)
     return text.strip()
 
@@ -196,14 +196,14 @@ class WorkerSettings(EnvSettings):
     replaces it, and its entries are reclaimed. dead_max_len, dead_max_bytes: the dead-letter
     stream keeps at most this many records and about this many bytes (the newest ones).
     max_batch_cost, cost_model, cost_lookahead: cost-aware batching (0: no budget; see
-    rstreamer.costing); it is on when the model defines ``cost()`` or a budget is set.
+    rstreamer.batching.costing); it is on when the model defines ``cost()`` or a budget is set.
     priorities: the weights of the priority levels, level 0 (most urgent) first, e.g. ``8,1``
     (empty: one level); level_max_queue: per level, the undelivered items of that level and the
     more urgent ones past which a call at that level is refused (e.g. ``0,5000``; 0 or empty:
-    the client's max_queue). See rstreamer.priority and docs/priority.md.
+    the client's max_queue). See rstreamer.batching.priority and docs/priority.md.
     tenant_rate, tenant_burst: every tenant's quota, items/s and bucket size (0: no quota; burst
     0: one second's worth); tenant_quotas: tenants with their own, ``acme=100:200,bob=5:10``
-    (rate:burst). See rstreamer.quotas. tenant_sharing: ``fifo`` (items of a level run in
+    (rate:burst). See rstreamer.batching.quotas. tenant_sharing: ``fifo`` (items of a level run in
     arrival order) or ``fair`` (tenants of a level take turns, one item each; calls without a
     tenant count as one tenant; see docs/priority.md).
     """

@@ -6,10 +6,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstreamer.connection import normalize_broker_url, parse_broker_url, redacted
+from rstreamer.broker.connection import normalize_broker_url, parse_broker_url, redacted
 from rstreamer.errors import ConfigError
-from rstreamer.keys import validate_prefix
 from rstreamer.settings import DEFAULT_REDIS_URL, ClientSettings, EnvSettings, WorkerSettings
+from rstreamer.wire.keys import validate_prefix
 
 logger = logging.getLogger("webapp")
 

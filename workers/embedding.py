@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstreamer.errors import InvalidInput
-from rstreamer.model import ManagedModel
+from rstreamer.model.managed import ManagedModel
 
 if TYPE_CHECKING:
     import torch

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from rstreamer import DeadLettered, JobState, RedisStreamer, WorkerSettings
-from rstreamer.keys import Keys
-from rstreamer.liveness import live_workers, read_workers
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import live_workers, read_workers
 from support import procs
 from support.polling import wait_until
 
