@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -86,15 +85,15 @@ def test_a_model_whose_import_fails_in_the_worker_stops_the_supervisor_with_exit
             def predict(self, batch):
                 return batch
     """))
-    started = time.monotonic()
     result = run([str(BIN / "rstreamer-worker"), "--redis", redis_url, "--prefix", prefix, "--log-level", "WARNING",
                   "needs_missing:Model"], cwd=tmp_path, timeout=60)
     assert result.returncode == 2, result.stderr
     line = one_line(result.stderr)
     assert "cannot import 'needs_missing:Model'" in line and "no_such_dependency_xyz" in line, line
-    assert "crash loop" not in result.stderr
-    # No restart: the crash-loop path took 20 s (six starts and their backoffs).
-    assert time.monotonic() - started < 20
+    # No restart (the crash-loop path took 20 s, six starts and their backoffs): a restart would log
+    # "restarting in" at WARNING, and one_line() allows the one line only. No clock: a loaded
+    # machine made the 20 s bound flaky.
+    assert "crash loop" not in result.stderr and "restarting in" not in result.stderr
 
 
 def test_a_model_whose_init_model_always_fails_stops_the_supervisor_at_once_with_one_line(redis_url, prefix):
