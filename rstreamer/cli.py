@@ -44,6 +44,7 @@ commands:
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   jobs     durable jobs: list, show, cancel, purge (--help for options)
   dead     dead letters: list, show, replay, purge (--help for options)
+  forget   delete every key of a prefix nobody serves any more (--help for options)
   worker   the same as rstreamer-worker
 """
 
@@ -57,6 +58,7 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "init_args": [],
     "init_kwargs": {},
     "metrics_port": None,
+    "metrics_host": "127.0.0.1",
     "log_level": "INFO",
     "log_interval": 10.0,
     "max_restarts": 5,
@@ -125,6 +127,13 @@ def _gpus(text: str) -> list[int]:
     return gpus
 
 
+def _host(text: str) -> str:
+    host = text.strip().strip("[]")
+    if not host or any(c.isspace() or c in "/@?#" for c in host):
+        raise argparse.ArgumentTypeError(f"expected an address or host name to bind, e.g. 0.0.0.0, got {text!r}")
+    return host
+
+
 def _log_level(text: str) -> str:
     level = text.strip().upper()
     if not isinstance(logging.getLevelName(level), int):
@@ -135,7 +144,7 @@ def _log_level(text: str) -> str:
 WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
     "workers_per_gpu": _integer(1), "init_args": _json_of(list), "init_kwargs": _json_of(dict),
-    "metrics_port": _integer(1, 65535), "log_level": _log_level, "log_interval": _seconds,
+    "metrics_port": _integer(1, 65535), "metrics_host": _host, "log_level": _log_level, "log_interval": _seconds,
     "max_restarts": _integer(0), "wait_for_redis": _seconds,
     **{dest: _option(setting_parser(WorkerSettings, dest)) for dest in SETTINGS_OPTIONS},
     "webhook_allow": _option(setting_parser(WebhookSettings, "webhook_allow")),
@@ -202,6 +211,9 @@ def worker_parser() -> argparse.ArgumentParser:
                         help=_help("JSON object of init_model keyword arguments", "init_kwargs"))
     parser.add_argument("--metrics-port", type=p["metrics_port"], metavar="PORT",
                         help=_help("serve Prometheus metrics: worker i on PORT+i", "metrics_port"))
+    parser.add_argument("--metrics-host", type=p["metrics_host"], metavar="ADDRESS",
+                        help=_help("address the metrics listen on; 0.0.0.0: every interface (e.g. in a "
+                                   "container, for a Prometheus elsewhere)", "metrics_host"))
     parser.add_argument("--log-level", type=p["log_level"], help=_help("logging level", "log_level"))
     parser.add_argument("--log-interval", type=p["log_interval"], metavar="SECONDS",
                         help=_help("seconds between info summary lines, 0: none", "log_interval"))
@@ -263,8 +275,8 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     settings = (settings or WorkerSettings.from_env()).replace(**options)
     settings = settings.replace(webhooks=settings.webhooks.replace(webhook_allow=args.webhook_allow))
     return WorkerSpec(args.model, url, prefix, args.init_args or None, args.init_kwargs or None, settings,
-                      log_level=args.log_level,
-                      metrics_port=args.metrics_port, log_interval=args.log_interval)
+                      log_level=args.log_level, metrics_port=args.metrics_port,
+                      log_interval=args.log_interval, metrics_host=args.metrics_host)
 
 
 def _check_model_module(model: str) -> None:
@@ -368,7 +380,8 @@ def status_main(argv: list[str]) -> int:
     try:
         if args.prefix and not args.all:
             if not status.prefix_known(client, args.prefix):
-                print(f"rstreamer status: {_unknown_prefix(client, args.prefix, url)}", file=sys.stderr)
+                print(f"rstreamer status: {status.unknown_prefix_message(client, args.prefix, redacted(url))}",
+                      file=sys.stderr)
                 return 1
             report: Any = status.prefix_status(client, args.prefix, dead_after, args.interval)
             text = status.format_prefix_status(report)
@@ -385,23 +398,6 @@ def status_main(argv: list[str]) -> int:
         client.close()
     print(json.dumps(report, indent=2) if args.json else text)
     return 0
-
-
-def _unknown_prefix(client: Any, prefix: str, url: str) -> str:
-    """Why ``prefix`` shows nothing, and which prefixes this Redis does have."""
-    import difflib
-
-    from .broker.connection import redacted
-    from .ops.status import list_prefixes
-    from .wire.keys import Keys
-
-    known = list_prefixes(client)
-    # The likeliest meant ones first: a misspelt prefix is the usual cause.
-    close = difflib.get_close_matches(Keys(prefix).prefix, known, n=10, cutoff=0.5)
-    known = close + [name for name in known if name not in close]
-    shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
-    return (f"prefix {Keys(prefix).prefix!r} is unknown at {redacted(url)}: no request stream, worker or dead "
-            f"letter under it ({'known prefixes: ' + shown if known else 'no prefix is known there'})")
 
 
 # rstreamer -------------------------------------------------------------------------------
@@ -446,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo": partial(tool_main, "demo"), "status": status_main, "bench": bench_main,
         "chaos": partial(tool_main, "chaos"),
         "dashboard": _dashboard_main, "jobs": _jobs_main, "dead": _dead_main,
+        "forget": _forget_main,
     }
     if command not in commands:
         print(f"rstreamer: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
@@ -468,6 +465,12 @@ def _dead_main(argv: list[str]) -> int:
     from .ops.admin import dead_main
 
     return dead_main(argv)
+
+
+def _forget_main(argv: list[str]) -> int:
+    from .ops.admin import forget_main
+
+    return forget_main(argv)
 
 
 def _dashboard_main(argv: list[str]) -> int:
