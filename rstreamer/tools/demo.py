@@ -98,7 +98,7 @@ def _source_root() -> Path:
     """The directory that holds the ``webapp`` and ``workers`` packages."""
     spec = importlib.util.find_spec("webapp")
     if spec is None or spec.origin is None:
-        raise SystemExit("rstreamer demo: the webapp package is not installed (pip install -e .[all])")
+        raise SystemExit("rstreamer demo: the webapp package is not installed (pip install -e '.[demo]' in a clone of this repository)")
     return Path(spec.origin).parent.parent
 
 
