@@ -89,8 +89,10 @@ def test_ctrl_c_in_the_middle_of_the_load_stops_everything_in_one_line(tmp_path)
     env.pop("RSTREAMER_REDIS_URL", None)  # its own embedded Redis: one more thing it must stop
     with out.open("wb") as stdout, err.open("wb") as stderr:
         demo = subprocess.Popen(
-            [str(BIN / "rstreamer"), "demo", "--clients", "16", "--seconds", "300", "--workers", "1",
-             "--web-workers", "1", "--output", str(tmp_path)],
+            # 32 clients of 2 workers keep the event loop busy: a stop raised inside it used to leave
+            # tasks that printed ~100 lines of traceback at exit.
+            [str(BIN / "rstreamer"), "demo", "--clients", "32", "--seconds", "300", "--workers", "2",
+             "--web-workers", "2", "--output", str(tmp_path)],
             cwd=procs.ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
     try:
         url = wait_until(lambda: re.search(r"started an embedded Redis at (\S+)", out.read_text()), timeout=60,
