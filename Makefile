@@ -1,7 +1,7 @@
 # The commands of the README: `make demo`, `make test` and `make lint` (CI runs `make lint`, then
 # `make test`, on a clean clone). Each installs what it needs and no more, once (a stamp per step):
 #   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[demo]  (no compiler needed)
-#   make lint: that, plus ruff, mypy and what mypy reads (OpenTelemetry): -e .[demo,otel,lint]
+#   make lint: that, plus ruff, mypy, import-linter and what mypy reads (OpenTelemetry): -e .[demo,otel,lint]
 #   make test: that demo install, plus the test tools, OpenTelemetry and uwsgi, which builds from
 #              source (needs a C compiler): -e .[demo,otel,test,uwsgi]
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
@@ -21,7 +21,7 @@ endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: install demo test lint bench clean
-LINT_PATHS := rstreamer webapp workers tests
+LINT_PATHS := rstreamer rstreamer_tools webapp workers tests
 
 $(DEMO_STAMP): setup.cfg pyproject.toml
 	@echo "==> [1/4] virtual environment $(VENV)"
@@ -36,7 +36,7 @@ $(DEMO_STAMP): setup.cfg pyproject.toml
 	@echo "==> installed; the commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
 $(LINT_STAMP): $(DEMO_STAMP)
-	@echo "==> ruff, mypy and the optional libraries mypy reads: -e .[demo,otel,lint]"
+	@echo "==> ruff, mypy, import-linter and the optional libraries mypy reads: -e .[demo,otel,lint]"
 	$(PIP) install -e ".[demo,otel,lint]"
 	touch $@
 
@@ -54,10 +54,12 @@ demo: $(DEMO_STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ruff and mypy read their settings from pyproject.toml; both come with the [lint] extra.
+# ruff, mypy and import-linter (the layer contracts) read their settings from pyproject.toml; all three
+# come with the [lint] extra.
 lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer bench $(BENCH_ARGS)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstreamer.errors import RemoteError
-from rstreamer.jobs import JobInfo, JobItem, check_webhook
+from rstreamer.jobs.sync import JobInfo, JobItem, check_webhook
 
 from .protocol import JSON, bad_request, dumps
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstreamer import Restarted
-from rstreamer.streams import AsyncChunkStream, ChunkStream
+from rstreamer.client.streams import AsyncChunkStream, ChunkStream
 
 from . import protocol
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from rstreamer.embedded import EmbeddedRedis
-from rstreamer.keys import Keys
-from rstreamer.liveness import fleet_totals
+from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import fleet_totals
 from support import procs
 from support.polling import wait_until
 

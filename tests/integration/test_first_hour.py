@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from rstreamer import ConfigError, RedisStreamer
-from rstreamer.embedded import EmbeddedRedis, free_port
+from rstreamer.broker.embedded import EmbeddedRedis, free_port
 from rstreamer.version import VERSION
 from support import procs
 from support.procs import wait_for_workers, wait_until

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from rstreamer import alive, cli
+from rstreamer import cli
+from rstreamer.worker import alive
 
 
 @pytest.fixture(autouse=True)

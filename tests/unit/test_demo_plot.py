@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from rstreamer.tools import demo, demo_generate
-from rstreamer.tools.demo_load import Phase, Sample, figure, mean_batch, throughput_series, why_this_batch_size
+from rstreamer_tools import demo, demo_generate
+from rstreamer_tools.demo_load import Phase, Sample, figure, mean_batch, throughput_series, why_this_batch_size
 
 
 def samples() -> list[Sample]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rstreamer import ManagedModel
-from rstreamer.model import import_string
+from rstreamer.model.managed import import_string
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docker-compose.yml",
@@ -24,6 +24,7 @@ SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "do
 REF = re.compile(r"(?<![\w./:=-])([a-z_]\w*(?:\.[a-z_]\w*)*):([A-Z]\w*)\b")
 PLACEHOLDERS = {
     "package.module:ModelClass": "the syntax of a reference",
+    "module:Class": "the syntax of a reference",
     "mymodels:UperModel": "the misspelt class of an error message shown as an example",
     "mypkg.models:MyModel": "the reader's own model, moved from service-streamer",
 }

@@ -140,7 +140,7 @@ def distributions_of(requirements: list[str]) -> set[str]:
 
 
 # What a demo run imports: the demo and bench tools, the core, the web app, the models they serve.
-DEMO_SOURCES = ["rstreamer/*.py", "rstreamer/tools/*.py", "rstreamer/tools/dashboard/*.py", "webapp/*.py",
+DEMO_SOURCES = ["rstreamer/**/*.py", "rstreamer_tools/*.py", "webapp/*.py",
                 "workers/embedding.py", "workers/decoder.py", "workers/echo.py", "workers/transformer.py"]
 # Imported only where a feature asks for it, and installed with that feature's extra.
 OPTIONAL = {"opentelemetry": "tracing: RSTREAMER_TRACING=1, the otel extra",
@@ -161,7 +161,7 @@ def imported_top_level_modules(path: Path) -> set[str]:
 def test_the_demo_extra_installs_everything_the_demo_imports():
     provided = distributions_of(extra_requirements("demo"))
     by_module = importlib.metadata.packages_distributions()
-    first_party = {"rstreamer", "webapp", "workers"}
+    first_party = {"rstreamer", "rstreamer_tools", "webapp", "workers"}
     missing = {}
     for pattern in DEMO_SOURCES:
         for path in ROOT.glob(pattern):

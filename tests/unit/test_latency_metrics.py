@@ -6,9 +6,10 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rstreamer import ThreadedStreamer, metrics
-from rstreamer.batching import BatchHint, BatchPolicy, collect_batch
-from rstreamer.hooks import caller_woken, entry_ms
+from rstreamer import ThreadedStreamer
+from rstreamer.batching.batcher import BatchHint, BatchPolicy, collect_batch
+from rstreamer.ops import metrics
+from rstreamer.ops.hooks import caller_woken, entry_ms
 
 
 def value(registry, name, **labels):
@@ -47,6 +48,19 @@ def test_fill_close_reason_in_flight_and_reply_time():
     worker.batch_started([entry(1)], "made-up", 16)
     assert registry.get_sample_value("rstreamer_worker_batches_closed_total",
                                      {"prefix": "p", "reason": "made-up"}) is None
+
+
+def test_a_generative_step_counts_its_running_sequences_and_the_queue_wait_of_those_joining():
+    registry = CollectorRegistry()
+    worker = metrics.WorkerMetrics("p", registry)
+    worker.batch_started([entry(1)], "queue_empty", 4, [1], running=3)  # 2 went on, 1 joined at level 1
+    assert value(registry, "rstreamer_worker_in_flight_items", prefix="p") == 3
+    assert value(registry, "rstreamer_worker_batch_fill_ratio_sum", prefix="p") == 0.75
+    assert value(registry, "rstreamer_worker_queue_wait_seconds_count", prefix="p") == 1
+    assert value(registry, "rstreamer_worker_level_queue_wait_seconds_count", prefix="p", level="1") == 1
+    worker.batch_started([], "full", 4, [], running=4)  # nothing joined: no queue wait
+    assert value(registry, "rstreamer_worker_queue_wait_seconds_count", prefix="p") == 1
+    assert value(registry, "rstreamer_worker_in_flight_items", prefix="p") == 4
 
 
 class Source:

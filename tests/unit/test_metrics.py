@@ -7,12 +7,12 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rstreamer import metrics
-from rstreamer.embedded import free_port
+from rstreamer.broker.embedded import free_port
 from rstreamer.errors import BrokerUnavailable, DeadLettered, EncodeError, Overloaded, RemoteError, StreamerTimeout
-from rstreamer.status import Snapshot, format_all_prefixes, format_prefix_status, throughput, worker_rows
-from rstreamer.supervisor import StatsSummary
-from rstreamer.worker import WorkerStats
+from rstreamer.ops import metrics
+from rstreamer.ops.status import Snapshot, format_all_prefixes, format_prefix_status, throughput, worker_rows
+from rstreamer.worker.records import WorkerStats
+from rstreamer.worker.supervisor import StatsSummary
 
 
 def value(registry, name, **labels):
@@ -25,8 +25,9 @@ def test_worker_counters_are_read_from_live_stats():
     stats = WorkerStats()
     worker_metrics.track(stats, worker="host:1:ab", gpu=1)
     stats.batches, stats.items, stats.errors, stats.reclaimed, stats.dead_lettered, stats.expired = 2, 9, 1, 3, 1, 4
+    stats.cancelled = 5
     for attr, expected in (("items", 9), ("batches", 2), ("errors", 1), ("reclaimed", 3), ("dead_lettered", 1),
-                           ("expired", 4)):
+                           ("expired", 4), ("cancelled", 5)):
         assert value(registry, f"rstreamer_worker_{attr}_total", prefix="p") == expected
     stats.items += 1
     assert value(registry, "rstreamer_worker_items_total", prefix="p") == 10
@@ -152,7 +153,7 @@ def test_stats_summary_logs_the_interval(caplog):
     stats = WorkerStats()
     summary = StatsSummary("host:1:ab", stats, interval=10)
     stats.batches, stats.items = 4, 40
-    with caplog.at_level(logging.DEBUG, logger="rstreamer.supervisor"):
+    with caplog.at_level(logging.DEBUG, logger="rstreamer.worker.supervisor"):
         summary.report()
         summary.report()  # idle interval: debug only
     busy, idle = caplog.records

@@ -7,7 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from rstreamer.tools.processes import stop_groups
+from rstreamer_tools.processes import stop_groups
 from support.polling import wait_until
 
 # Records when SIGTERM came, then ignores it: only SIGKILL ends it.

@@ -1,0 +1,40 @@
+-- KEYS[1] the token's cancellation set (keys.cancelled), KEYS[2] the request stream of the
+-- call's priority level, KEYS[3..5] its held-item queue, held items and clocks. ARGV: group,
+-- the set's TTL in ms, whole (1: no other call shares the token, so its replies may be dropped
+-- whole), n, then n entry ids, then their n indexes.
+-- Withdraws a caller's items (rstreamer.wire.cancel): an entry not yet delivered to a worker is deleted
+-- (XDEL: no worker will ever read it); one a worker holds is marked in the set, which the worker
+-- checks before predict (and FINISH, with '*', before replying). One script, so an entry is
+-- either deleted before any worker reads it or marked: never both, never neither. A held item (id
+-- 'token:index', fair sharing) still held is deleted; one already moved to the stream is marked
+-- (its stream id is not known here), so a worker that reads it skips it.
+-- Returns {entries deleted, then the indexes of the entries marked (held by a worker)}.
+--- @include "include/fair.lua"
+local group, ttl, whole, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local reply = {0}
+for i = 1, n do
+  local id, index = ARGV[4 + i], ARGV[4 + n + i]
+  local held = not string.match(id, '^%d+%-%d+$')
+  local pending = not held and redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
+  if held then
+    if redis.call('ZREM', KEYS[3], id) == 1 then
+      local record = redis.call('HGET', KEYS[4], id)
+      if record then release(KEYS[5], cmsgpack.unpack(record)[3]) end
+      redis.call('HDEL', KEYS[4], id)
+      reply[1] = reply[1] + 1
+    else
+      redis.call('SADD', KEYS[1], index)
+      reply[#reply + 1] = tonumber(index)
+    end
+  elseif type(pending) == 'table' and pending[1] then
+    redis.call('SADD', KEYS[1], index)
+    reply[#reply + 1] = tonumber(index)
+  else
+    reply[1] = reply[1] + redis.call('XDEL', KEYS[2], id)
+  end
+end
+if #reply > 1 then
+  if whole == '1' then redis.call('SADD', KEYS[1], '*') end
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return reply
