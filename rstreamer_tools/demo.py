@@ -317,13 +317,12 @@ def _say_stopped() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
-    """What a demo run's processes share: Redis (its URL and a client), the prefix, the
-    children's environment and log, and the process groups started."""
+    """What a demo run's processes share: Redis (its URL and a client), the prefix, and the
+    process groups it starts (with their environment and log)."""
 
     url: str
     client: redis.Redis
     keys: Keys
-    env: dict[str, str]
     children: Children
 
 
@@ -339,7 +338,7 @@ def open_stack(stack: contextlib.ExitStack, prefix: str, log_path: Path) -> Stac
     log = stack.enter_context(log_path.open("wb"))
     children = Children(log, _child_env(url, prefix))
     stack.callback(children.stop)
-    return Stack(url, client, keys, children.env, children)
+    return Stack(url, client, keys, children)
 
 
 def run(args: argparse.Namespace) -> int:
