@@ -304,5 +304,6 @@ def _shade_phases(axes: list[Any], phases: list[Phase]) -> None:
     for n, phase in enumerate(phases):
         for axis in axes:
             axis.axvspan(phase.start, phase.end, color="0.9" if n % 2 else "0.97", zorder=0)
-        axes[0].text((phase.start + phase.end) / 2, 0.97, f"{phase.clients} {phase.via}\nclients",
+        label = f"{phase.clients} HTTP\nclients" if phase.via == HTTP else f"{phase.clients} callers\n(Python client)"
+        axes[0].text((phase.start + phase.end) / 2, 0.97, label,
                      transform=axes[0].get_xaxis_transform(), ha="center", va="top", fontsize=8)

@@ -39,7 +39,7 @@ def test_the_plot_marks_each_phase_with_its_clients():
     drawing = figure(samples(), [(1.0, 1.0), (3.0, 32.0)], 32, phases)
     try:
         labels = [text.get_text() for text in drawing.axes[0].texts]
-        assert labels == ["1 HTTP\nclients", "256 client\nclients"]
+        assert labels == ["1 HTTP\nclients", "256 callers\n(Python client)"]
         assert all(len(axis.patches) == 2 for axis in drawing.axes), "each phase shaded on every panel"
     finally:
         plt.close(drawing)
