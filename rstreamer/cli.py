@@ -38,7 +38,7 @@ USAGE = """usage: rstreamer COMMAND [options]    (rstreamer --version: the insta
 
 commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
-  demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP calls, a summary
+  demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP load, what it batched
   bench    benchmarks (bench cost: cost-aware batching; bench stream: continuous batching and streaming)
   dashboard  live page of queues, workers and dead letters (--help for options)
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
@@ -223,7 +223,12 @@ def worker_parser() -> argparse.ArgumentParser:
                         help=_help("at start, wait this long for Redis to answer before exiting with code 2 "
                                    "(0: exit at once)", "wait_for_redis"))
     parser.add_argument("--check", action="store_true",
-                        help="exit 0 if Redis answers PING and the model class imports, else 1 (health check)")
+                        help="exit 0 if Redis answers PING and the model class imports, else 1 (health check; "
+                             "a readiness probe)")
+    parser.add_argument("--liveness", action="store_true",
+                        help="with --check: exit 0 if a supervisor of the prefix runs on this machine and its loop "
+                             "turns, else 1; asks nothing of Redis (a liveness probe: a Redis outage must not "
+                             "restart the workers)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     return parser
 
@@ -253,6 +258,8 @@ def parse_worker_args(argv: list[str], environ: Mapping[str, str]) -> argparse.N
         parser.error(f"the model (package.module:ModelClass) is required, as an argument or {WORKER_ENV['model']}")
     if not args.prefix:
         parser.error(f"--prefix (or {WORKER_ENV['prefix']}) is required")
+    if args.liveness and not args.check:
+        parser.error("--liveness goes with --check: rstreamer-worker --check --liveness")
     return args
 
 
@@ -308,6 +315,18 @@ def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
     return True, f"ok: Redis at {shown} answers PING; model {args.model} imports"
 
 
+def check_liveness(args: argparse.Namespace) -> tuple[bool, str]:
+    """The ``--check --liveness`` probe: (alive, one-line message). Local only: no Redis, no model import."""
+    from .wire.keys import Keys
+    from .worker.alive import check_alive
+
+    try:
+        prefix = Keys(args.prefix).prefix
+    except ConfigError as exc:
+        return False, str(exc)
+    return check_alive(prefix)
+
+
 def _scrub(message: str, url: str) -> str:
     try:
         password = urllib.parse.urlsplit(url).password
@@ -322,18 +341,17 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parse_worker_args(list(sys.argv[1:] if argv is None else argv), os.environ)
     configure_logging(args.log_level, "supervisor")
     if args.check:
-        healthy, message = check_worker(args)
+        healthy, message = check_liveness(args) if args.liveness else check_worker(args)
         print(f"rstreamer-worker --check: {message}", file=sys.stdout if healthy else sys.stderr)
         return 0 if healthy else 1
     from .worker.placement import per_gpu
-    from .worker.preflight import wait_for_broker
     from .worker.supervisor import Supervisor
 
     try:
         spec = build_worker_spec(args)
         slots = per_gpu(args.gpus, args.workers_per_gpu)
         # What --check finds stops the command here, in one line, before any worker starts.
-        wait_for_broker(spec.redis_url, args.wait_for_redis)
+        _wait_for_redis(spec, args.wait_for_redis)
     except (ConfigError, BrokerUnavailable) as exc:
         print(f"rstreamer-worker: {exc}", file=sys.stderr)
         return 2
@@ -342,6 +360,20 @@ def worker_main(argv: list[str] | None = None) -> int:
             "CUDA_VISIBLE_DEVICES=%s is set; each worker replaces it with its own id from --gpus (%s)",
             os.environ["CUDA_VISIBLE_DEVICES"], ",".join(map(str, args.gpus)))
     return Supervisor(spec, slots, max_restarts=args.max_restarts).run()
+
+
+def _wait_for_redis(spec: Any, wait: float) -> None:
+    """``wait_for_broker``, stamped alive meanwhile: a supervisor that waits for its Redis is alive,
+    and its liveness probe must say so (the supervisor stamps the same file once it runs)."""
+    from .worker.alive import AliveStamp
+    from .worker.preflight import wait_for_broker
+
+    stamp = AliveStamp(spec.prefix)
+    try:
+        wait_for_broker(spec.redis_url, wait, tick=stamp.touch)
+    except BaseException:
+        stamp.remove()
+        raise
 
 
 # rstreamer status ------------------------------------------------------------------------

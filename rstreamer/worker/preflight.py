@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import pkgutil
 import time
+from collections.abc import Callable
 
 from ..broker.connection import ping_broker, redacted
 from ..errors import BrokerUnavailable, ConfigError
@@ -175,8 +176,10 @@ def _top_level_names(origin: str | None) -> set[str] | None:
     return None if "__getattr__" in names else names
 
 
-def wait_for_broker(url: str, wait: float) -> None:
+def wait_for_broker(url: str, wait: float, tick: Callable[[], None] | None = None) -> None:
     """PING ``url``; while it does not answer, retry for up to ``wait`` seconds (0: once).
+
+    ``tick`` is called before every attempt: waiting for Redis is being alive (see rstreamer.alive).
 
     Raises:
         ConfigError: the URL is not one rstreamer can connect with (never retried).
@@ -185,6 +188,8 @@ def wait_for_broker(url: str, wait: float) -> None:
     deadline = time.monotonic() + wait
     pause, logged = 0.25, False
     while True:
+        if tick is not None:
+            tick()
         try:
             ping_broker(url)
             return

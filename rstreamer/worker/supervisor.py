@@ -26,6 +26,7 @@ from ..model.managed import ModelSpec, model_ref, resolve_model
 from ..ops.logs import configure_logging
 from ..settings import WorkerSettings
 from ..wire.keys import Keys
+from .alive import AliveStamp
 from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, process_context, round_robin
 
 SignalHandler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
@@ -253,6 +254,7 @@ class Supervisor:
         self._forced = threading.Event()
         self._wake_reader: socket.socket | None = None
         self._wake_writer: socket.socket | None = None
+        self._alive: AliveStamp | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -279,9 +281,13 @@ class Supervisor:
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
         previous = self._install_signal_handlers()
+        # What `rstreamer-worker --check --liveness` reads: this loop turns (see rstreamer.alive).
+        self._alive = AliveStamp(Keys(self.spec.prefix).prefix)
+        self._alive.touch()
         try:
             return self._supervise()
         finally:
+            self._alive.remove()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             reader, writer = self._wake_reader, self._wake_writer
@@ -370,6 +376,8 @@ class Supervisor:
                     slot, "cpu" if gpu is None else f"gpu {gpu}", process.pid)
 
     def _watch_once(self) -> None:
+        if self._alive is not None:
+            self._alive.touch()
         waitables: list[Any] = [self._wake_reader]
         waitables += [p.sentinel for p in self._processes.values() if p.exitcode is None]
         multiprocessing.connection.wait(waitables, timeout=self._next_timeout())

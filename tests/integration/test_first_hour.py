@@ -5,6 +5,7 @@ against a real redis-server (or a port where none listens).
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import redis
 
 from rstreamer import ConfigError, RedisStreamer
 from rstreamer.broker.embedded import EmbeddedRedis, free_port
@@ -214,14 +216,23 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis
     out, err = tmp_path / "out.log", tmp_path / "err.log"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         demo = subprocess.Popen(
-            [str(BIN / "rstreamer"), "demo", "--serve", "--workers", "1", "--web-workers", "1", "--output",
-             str(tmp_path)], cwd=procs.ROOT, env={**procs.test_env(), "RSTREAMER_REDIS_URL": redis_url,
-                                                  marker.split("=")[0]: marker.split("=")[1]},
+            [str(BIN / "rstreamer"), "demo", "--clients", "16", "--seconds", "300", "--workers", "1",
+             "--web-workers", "1", "--output", str(tmp_path)],
+            cwd=procs.ROOT, env={**procs.test_env(), "RSTREAMER_REDIS_URL": redis_url,
+                                 marker.split("=")[0]: marker.split("=")[1]},
             stdout=stdout, stderr=stderr, start_new_session=True)
     try:
-        # The embedding worker loads its model for seconds: a drain would wait for it.
-        wait_until(lambda: "starting 1 embedding workers" in out.read_text(), timeout=60, what="the demo starting")
-        wait_until(lambda: len(_processes_with(marker)) >= 3, timeout=30, what="workers and gunicorn started")
+        # In the middle of the load, the first stop lasts: gunicorn's requests wait for answers
+        # that the stopping workers no longer give, until the demo's grace is over and it kills them.
+        wait_until(lambda: "load: phases" in out.read_text(), timeout=100, what="the load starting",
+                   alive=lambda: demo.poll() is None)
+        client = redis.Redis.from_url(redis_url)
+        try:
+            wait_until(lambda: any(json.loads(info).get("items", 0) > 10 for key in
+                                   client.scan_iter(match="rstreamer:{demo-*}:workers")
+                                   for info in client.hvals(key)), timeout=60, what="the load's answers")
+        finally:
+            client.close()
         demo.send_signal(signal.SIGINT)
         wait_until(lambda: "Ctrl-C again to kill it all now" in err.read_text(), what="the first stop")
         demo.send_signal(signal.SIGINT)

@@ -42,7 +42,7 @@ def test_every_option_from_the_environment():
                           "batch_size": 8, "max_latency": 0.5, "init_args": [1], "init_kwargs": {"a": 2},
                           "metrics_port": 9000, "log_level": "DEBUG", "log_interval": 5.0, "max_restarts": 0,
                           "max_batch_cost": 4096, "cost_model": "sum", "model": "m:C", "check": False,
-                          "wait_for_redis": 30.0, "priorities": "8,1", "level_max_queue": "0,500",
+                          "liveness": False, "wait_for_redis": 30.0, "priorities": "8,1", "level_max_queue": "0,500",
                           "tenant_rate": 50.0, "tenant_burst": 100, "tenant_quotas": "acme=500:1000",
                           "tenant_sharing": "fair", "webhook_allow": "10.0.0.0/8,hooks.internal",
                           "metrics_host": "0.0.0.0"}
@@ -80,6 +80,7 @@ def test_a_bad_environment_value_is_ignored_when_the_command_line_sets_it():
     (["--level-max-queue", "10,x", *BASE], "comma-separated list of integers"),
     (["--tenant-quotas", "acme=fast", *BASE], "expected name=rate:burst"),
     (["--tenant-quotas", "a b=1:2", *BASE], "invalid tenant"),
+    (["--liveness", *BASE], "--liveness goes with --check"),
     (["--webhook-allow", "10.0.0.0/33", *BASE], "webhook allow-list entry"),
 ])
 def test_invalid_arguments_exit_2_with_a_message(capsys, argv, message):
