@@ -61,7 +61,8 @@ class Mutation:
 
 MUTATIONS = [
     # The worker runs expired items (answer_batch sees every deadline as ahead).
-    Mutation("worker-expiry", "worker", "now=self._clock.now(), observe=self.observe", "now=0.0, observe=self.observe",
+    Mutation("worker-expiry", "worker", "costs=request_costs, clock=self._clock.now,",
+             "costs=request_costs, clock=lambda: 0.0,",
              (f"{FAULTS}::test_expired_item_is_not_run_and_its_reply_key_is_removed",
               f"{WIRE}::test_a_worker_whose_clock_is_25s_behind_does_not_run_an_expired_item")),
     # The generative lane never drops a sequence past its deadline.
@@ -84,8 +85,11 @@ MUTATIONS = [
              "threading.Timer(3600.0, os._exit",
              (f"{HARDENING}::test_a_drain_whose_batch_never_ends_exits_1_after_drain_timeout_and_its_entries_are_reclaimed",)),
     # No webhook sender takes over the deliveries of a dead one.
-    Mutation("webhook-takeover", "webhooks", "claimed = client.xautoclaim(", "claimed = None and client.xautoclaim(",
-             (f"{WEBHOOKS}::test_a_delivery_whose_sender_died_is_taken_over_by_another_worker",)),
+    Mutation("webhook-takeover", "webhooks",
+             "entries = self._take_over_dead(client) or self._claim_stale(client) or self._read_new(client)",
+             "entries = self._read_new(client)",
+             (f"{WEBHOOKS}::test_a_killed_worker_leaves_neither_its_delivery_nor_its_consumer",
+              f"{WEBHOOKS}::test_a_delivery_survives_its_worker_stopping_during_the_backoff")),
     # A dead letter forgets its level / is replayed onto level 0.
     Mutation("dead-level", "worker", "        if letter.level:\n", "        if False:\n",
              (f"{HARDENING}::test_a_dead_letter_keeps_its_level_and_is_replayed_onto_it",)),
