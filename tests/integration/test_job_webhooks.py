@@ -60,7 +60,6 @@ class Receiver:
         return sum(1 for _, _, status in self.posts if status == 200)
 
     def close(self) -> None:
-        self.unhang.set()
         self.server.shutdown()
         self.server.server_close()
 
