@@ -19,7 +19,7 @@ from . import codec
 from .connection import RedisClient, StreamRows
 from .errors import DecodeError
 from .keys import Keys
-from .messages import DEADLINE, PAYLOAD, REMAINING
+from .messages import DEADLINE, PAYLOAD, REMAINING, check_timeout
 
 FIELD_PREFIX = b"f_"
 PREVIEW_BYTES = 64 * 1024
@@ -92,7 +92,8 @@ def payload_preview(raw: bytes | None) -> str:
 
 def replay(client: RedisClient, keys: Keys, letter_ids: list[str], timeout: float = 60.0) -> int:
     """Put dead letters back on the request stream of their priority level with ``timeout``
-    seconds to run; returns how many."""
+    seconds to run (at most MAX_TIMEOUT, a day; ConfigError otherwise); returns how many."""
+    timeout = check_timeout(timeout)
     letters = [(i, f) for i in letter_ids for _, f in cast(StreamRows, client.xrange(keys.dead, i, i, count=1))]
     if not letters:
         return 0

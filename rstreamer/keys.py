@@ -137,6 +137,12 @@ class Keys:
         return self._key("jobs")
 
     @property
+    def starved_jobs(self) -> str:
+        """Sorted set of the jobs whose feed their tenant's quota or their level's bound held back,
+        scored by when to feed them again (ms, Redis's clock); the workers feed them. Has a TTL."""
+        return self._key("starved-jobs")
+
+    @property
     def job_events(self) -> str:
         """Stream of job completion events (``job.done``, ``job.failed``, ``job.cancelled``)."""
         return self._key("job-events")
@@ -167,10 +173,13 @@ class Keys:
         """Stream of the indexes a job's answers came in, in completion order."""
         return self._key("job", _checked_job_id(job_id), "log")
 
-    def job_feed_stream(self, level: int | None) -> str:
-        """The request stream a job at priority ``level`` is fed into (None, a job of a version
-        that stored no level: level 0's stream, the only one of that version)."""
-        return self.requests_at(level or 0)
+    def job_feed(self, level: int | None, tenant: str | None) -> list[str]:
+        """The keys a job's feed reads and writes besides the job's own (lua.JOB_CREATE, JOB_FEED,
+        JOB_RECORD): the published levels and quotas, the keys of each level from 0 to the job's
+        ``level`` (their backlog counts in its bound; None, a job of a version that stored no
+        level: level 0) and the bucket of its ``tenant`` (None: none)."""
+        levels = [key for number in range((level or 0) + 1) for key in self.level_keys(number)]
+        return [self.levels, self.quotas, *levels, *([self.bucket(tenant)] if tenant else [])]
 
     def job_keys(self, job_id: str) -> list[str]:
         """Every key of one job (to expire or delete them together)."""

@@ -24,6 +24,7 @@ the client's limits and splits replies so that no message exceeds them.
 """
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import msgpack
 
 from . import codec
 from .batching import Failure, Outcome
-from .errors import DecodeError, EncodeError, FailureKind, InvalidPriority, Overloaded, RateLimited
+from .errors import ConfigError, DecodeError, EncodeError, FailureKind, InvalidPriority, Overloaded, RateLimited
 from .keys import Keys, is_answer_token
 
 WIRE_VERSION = 2
@@ -47,6 +48,20 @@ this fraction of the call's timeout: a new item would wait about as long, and th
 
 REPLY_GRACE = 1.0
 """Seconds a reply outlives its caller's deadline (the caller's own clock started a bit earlier)."""
+
+MAX_TIMEOUT = 24 * 3600.0
+"""The longest timeout a call may have, in seconds (one day): the streamers refuse a longer one
+(ConfigError) and the web apps answer it with 400."""
+
+MAX_JOB_TTL = 30 * 24 * 3600.0
+"""The longest a durable job may live, in seconds (30 days): ``submit_job(ttl=)``,
+``RSTREAMER_JOB_TTL`` and ``"ttl"`` of ``POST /jobs`` are refused beyond it."""
+
+MAX_DURATION_MS = 366 * 24 * 3600 * 1000
+"""The longest duration, in ms, that any Lua script accepts (remaining timeouts, TTLs; lua.py
+checks the same number before it writes anything) and that an entry's remaining timeout may
+have; beyond it an entry is malformed. It exceeds every limit above, so no client of this
+version ever meets it, and it keeps every number a script computes an integer Redis accepts."""
 
 _ENVELOPE = 1024  # bytes a reply message may need beyond its outputs (headers, indexes, errors)
 
@@ -128,7 +143,10 @@ def parse_request(
             f"{WIRE_VERSION}): upgrade the workers before the web fleet", token, index)
     try:
         if version == WIRE_VERSION:
-            deadline = entry_time(entry_id) + int(fields[REMAINING]) / 1000
+            remaining = int(fields[REMAINING])
+            if not 0 <= remaining <= MAX_DURATION_MS:
+                raise ValueError(remaining)
+            deadline = entry_time(entry_id) + remaining / 1000
         else:
             deadline = int(fields[DEADLINE]) / 1000 + wall_to_server
     except (KeyError, ValueError):
@@ -322,9 +340,20 @@ def pack_results(results: Iterable[tuple[int, Outcome[Any]]], version: int = WIR
 
 
 def reply_ttl_ms(floor: float, deadlines: Iterable[float], now: float) -> int:
-    """How long a reply key lives: until its last caller's deadline has passed, at least ``floor`` s."""
+    """How long a reply key lives: until its last caller's deadline has passed, at least ``floor``
+    s, at most MAX_DURATION_MS (what the FINISH script accepts)."""
     latest = max(deadlines, default=now)
-    return int(max(floor, latest - now + REPLY_GRACE) * 1000)
+    return min(MAX_DURATION_MS, int(max(floor, latest - now + REPLY_GRACE) * 1000))
+
+
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` if it is a number of seconds > 0 and at most MAX_TIMEOUT; raises ConfigError
+    (a ValueError) otherwise."""
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT):
+        raise ConfigError(f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} (one day), "
+                          f"got {timeout!r}")
+    return float(timeout)
 
 
 def _decode_output(item: Any, version: int, max_bytes: int) -> Outcome[Any]:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 from .batching import BatchPolicy
 from .costing import CostBudget, parse_cost_model
 from .errors import ConfigError
+from .messages import MAX_JOB_TTL, MAX_TIMEOUT
 from .priority import Levels
 from .quotas import Quotas
 
@@ -167,7 +168,8 @@ class EnvSettings:
 class ClientSettings(EnvSettings):
     """Web-side settings of a RedisStreamer.
 
-    timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``).
+    timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``), at most a day
+        (messages.MAX_TIMEOUT).
     max_queue: refuse new work while this many items wait undelivered; 0 disables.
     max_queue_bytes: refuse new work that would make the prefix's request stream hold more
         than this many bytes in Redis (``RSTREAMER_MAX_QUEUE_BYTES``); 0 disables. Keep it well
@@ -182,6 +184,8 @@ class ClientSettings(EnvSettings):
 
     def __post_init__(self) -> None:
         _positive("timeout", self.timeout)
+        if not self.timeout <= MAX_TIMEOUT:
+            raise ConfigError(f"timeout must be at most {MAX_TIMEOUT:.0f} seconds (one day), got {self.timeout!r}")
         _positive("max_queue", self.max_queue, allow_zero=True)
         _positive("max_queue_bytes", self.max_queue_bytes, allow_zero=True)
         _positive("max_item_bytes", self.max_item_bytes)
@@ -274,7 +278,7 @@ class JobSettings(EnvSettings):
     """Settings of durable jobs (``RSTREAMER_JOB_*``; see docs/jobs.md).
 
     job_ttl: seconds a job (state, inputs, results) lives in Redis after it is submitted,
-        unless ``submit_job(ttl=...)`` says otherwise.
+        unless ``submit_job(ttl=...)`` says otherwise; at most 30 days (messages.MAX_JOB_TTL).
     job_max_items: a job with more items is refused at submit (JobTooLarge).
     job_window: most items of one job on the request stream at once; the workers feed the
         next ones as they answer, so a large job never floods the stream.
@@ -288,6 +292,8 @@ class JobSettings(EnvSettings):
 
     def __post_init__(self) -> None:
         _positive("job_ttl", self.job_ttl)
+        if not self.job_ttl <= MAX_JOB_TTL:
+            raise ConfigError(f"job_ttl must be at most {MAX_JOB_TTL:.0f} seconds (30 days), got {self.job_ttl!r}")
         for name in ("job_max_items", "job_window", "job_upload_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

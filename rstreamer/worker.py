@@ -226,8 +226,8 @@ class RedisWorker:
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
                                       self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
         self._finish_script = self._redis.register_script(lua.FINISH)
-        # Items of durable jobs (rstreamer.jobs); they ride the least urgent level by default.
-        self._jobs = JobSink(self._redis, self.keys, least_urgent=self.levels.count - 1)
+        # Items of durable jobs (rstreamer.jobs): admitted, recorded and fed (rstreamer.job_sink).
+        self._jobs = JobSink(self._redis, self.keys)
         self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
         heartbeat_ttl = self.settings.dead_after * 10
         self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
@@ -360,6 +360,8 @@ class RedisWorker:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
+                # Jobs whose feed their quota or their level's bound held back (one ZRANGEBYSCORE).
+                self._jobs.pump(int(self._clock.now() * 1000))
             if self._lane is not None:
                 self._lane.step(self.settings.idle_block)
                 return
