@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from . import codec, lua
 from .batching import Outcome
 from .connection import RedisClient
-from .keys import Keys, is_job_id, job_of_token, job_token
+from .keys import Keys, is_job_id, is_tenant, job_of_token, job_token
 from .messages import WIRE_VERSION, Request, pack_results
 
 PLACE_CACHE = 1024
@@ -61,8 +61,12 @@ class Place(NamedTuple):
 
 def place_of(level: bytes | None, tenant: bytes | None) -> Place:
     """A job's place from its hash fields (an empty level: level 0, where jobs of versions that
-    stored none were fed)."""
-    return Place(int(level) if level else 0, tenant.decode() if tenant else None)
+    stored none were fed). Fields no script writes (JOB_CREATE checks them) give level 0 and no
+    tenant: the feed scripts then find that the keys are not the job's and feed nothing, rather
+    than the worker failing on them."""
+    name = tenant.decode("utf-8", "replace") if tenant else None
+    number = int(level) if level and level.isdigit() else 0
+    return Place(number, name if name is not None and is_tenant(name) else None)
 
 
 class JobSink:

@@ -57,6 +57,11 @@ def job_of_token(token: str) -> str | None:
     return match.group(1) if match else None
 
 
+def is_tenant(tenant: str) -> bool:
+    """True if ``tenant`` is a valid tenant name (a bucket key may be built for it)."""
+    return isinstance(tenant, str) and _TENANT.fullmatch(tenant) is not None
+
+
 def is_answer_token(token: str) -> bool:
     """True for a token an entry may carry: a caller's reply token or a job token."""
     return job_of_token(token) is not None or is_reply_token(token)
@@ -112,7 +117,7 @@ class Keys:
 
     def bucket(self, tenant: str) -> str:
         """The token bucket of one tenant's quota (a hash with a TTL)."""
-        if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+        if not is_tenant(tenant):
             raise ValueError(f"invalid tenant {tenant!r}")
         return self._key("bucket", tenant)
 

@@ -495,6 +495,9 @@ local ttl = integer(ARGV[5], 1, MAX_MS, 'ttl (ms)')
 local window = integer(ARGV[6], 1, 2 ^ 31, 'window')
 local level = integer(ARGV[7], 0, 1000, 'priority level')
 local max_queue = integer(ARGV[11], 0, 2 ^ 53, 'max_queue')
+if ARGV[10] ~= '' and (#ARGV[10] > 100 or not string.match(ARGV[10], '^[%w_%.%-@]+$')) then
+  return redis.error_reply('ERR rstreamer: invalid tenant')
+end
 if not feed_keys_fit(8, level, ARGV[10]) then
   return redis.error_reply("ERR rstreamer: the keys are not those of the job's level and tenant")
 end

@@ -69,6 +69,20 @@ def test_job_create_refuses_a_ttl_out_of_bounds_and_stores_no_job(redis_client, 
     assert snapshot(redis_client, prefix) == before and not redis_client.exists(keys.job(job.id))
 
 
+@pytest.mark.parametrize(("tenant", "level", "error"), [
+    ("a b", 0, "invalid tenant"), ("x" * 101, 0, "invalid tenant"), ("", 0, "not those of the job"),
+    ("acme", 1, "not those of the job")])
+def test_job_create_refuses_a_tenant_or_level_its_keys_do_not_match(redis_client, prefix, tenant, level, error):
+    keys = Keys(prefix)
+    job = prepare(keys, [1], JobSettings(), 1024, 60, None, None, None, tenant="acme")
+    redis_client.rpush(job.inputs_key, *job.payloads)
+    redis_client.pexpire(job.inputs_key, 60_000)
+    job.args[6], job.args[9] = level, tenant
+    with pytest.raises(redis.ResponseError, match=error):
+        redis_client.register_script(lua.JOB_CREATE)(keys=job.keys, args=job.args)
+    assert not redis_client.exists(keys.job(job.id))
+
+
 @pytest.mark.parametrize("ttl", TOO_LONG)
 def test_cancel_refuses_a_ttl_out_of_bounds_and_withdraws_nothing(redis_client, prefix, fair, ttl):
     reply = enqueue(redis_client, fair, "30000")

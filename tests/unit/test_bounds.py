@@ -128,6 +128,7 @@ def test_a_jobs_place_is_read_from_its_hash():
     assert place_of(b"0", b"acme") == Place(0, "acme")
     assert place_of(b"2", b"") == Place(2, None)
     assert place_of(None, None) == Place(0, None)  # a job that is gone, or one of a version with no level
+    assert place_of(b"x", b"no spaces") == Place(0, None)  # never written by a script: no crash either
 
 
 def test_a_jobs_tenant_is_part_of_its_info():
