@@ -18,9 +18,12 @@ from the job itself (the scripts check the keys against it).
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
+
+import redis
 
 from . import codec, lua
 from .batching import Outcome
@@ -34,6 +37,8 @@ PUMP_JOBS = 32
 """Most starved jobs one pump feeds."""
 
 _T = TypeVar("_T", bound="AnswerLike")
+
+logger = logging.getLogger(__name__)
 
 
 class AnswerLike(Protocol):
@@ -80,6 +85,7 @@ class JobSink:
         self._record = client.register_script(lua.JOB_RECORD)
         self._feed = client.register_script(lua.JOB_FEED)
         self._places: OrderedDict[str, Place] = OrderedDict()
+        self._pumping = True
         self.skipped = 0
 
     def admit(self, requests: list[Request], costs: list[int]) -> tuple[list[Request], list[int]]:
@@ -113,7 +119,23 @@ class JobSink:
         return calls
 
     def pump(self, now_ms: int) -> int:
-        """Feed the starved jobs that are due at ``now_ms`` (Redis's clock); returns the items fed."""
+        """Feed the starved jobs that are due at ``now_ms`` (Redis's clock); returns the items fed.
+
+        A worker whose Redis ACL does not cover jobs (one that may use only its stream,
+        heartbeats and dead letters, as a plain worker needs) could not record a job's answers
+        either: it stops pumping, once, with a warning, instead of failing every step.
+        """
+        if not self._pumping:
+            return 0
+        try:
+            return self._pump(now_ms)
+        except redis.exceptions.NoPermissionError as exc:
+            self._pumping = False
+            logger.warning("jobs of prefix %r: this worker may not feed them (%s); it leaves it to the others",
+                           self._keys.prefix, exc)
+            return 0
+
+    def _pump(self, now_ms: int) -> int:
         due = self._client.zrangebyscore(self._keys.starved_jobs, "-inf", now_ms, start=0, num=PUMP_JOBS)
         fed = 0
         for raw in due:
