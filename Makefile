@@ -18,7 +18,7 @@ endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: install demo test lint bench clean
-LINT_PATHS := rstreamer webapp workers tests
+LINT_PATHS := rstreamer rstreamer_tools webapp workers tests
 
 $(DEMO_STAMP): setup.cfg pyproject.toml
 	@echo "==> [1/4] virtual environment $(VENV)"
@@ -46,10 +46,12 @@ demo: $(DEMO_STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ruff and mypy read their settings from pyproject.toml; both come with the [lint] extra that [all] pulls.
+# ruff, mypy and import-linter (the layer contracts) read their settings from pyproject.toml; all three
+# come with the [lint] extra that [all] pulls.
 lint: $(DEMO_STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer bench $(BENCH_ARGS)

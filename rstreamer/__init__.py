@@ -1,9 +1,9 @@
 """rstreamer: dynamic mini-batching between a web fleet and deep-learning models, over Redis Streams."""
-from .aclient import AsyncRedisStreamer
-from .batching import BatchPolicy
-from .chunks import Restarted
-from .client import RedisStreamer
-from .codec import register_type
+from .batching.batcher import BatchPolicy
+from .client.aio import AsyncRedisStreamer
+from .client.future import Future
+from .client.sync import RedisStreamer
+from .codec.core import register_type
 from .errors import (
     BatchSizeMismatch,
     BrokerUnavailable,
@@ -27,15 +27,15 @@ from .errors import (
     StreamerTimeout,
     WorkerStartupError,
 )
-from .future import Future
-from .generative import GenerativeModel, Step
-from .jobs import Job, JobItem, JobState, Progress
+from .jobs.sync import Job, JobItem, JobState, Progress
 from .local import Streamer, ThreadedStreamer
-from .model import ManagedModel
+from .model.generative import GenerativeModel, Step
+from .model.managed import ManagedModel
 from .settings import ClientSettings, JobSettings, WorkerSettings
-from .supervisor import run_redis_workers_forever
 from .version import VERSION
-from .worker import RedisWorker
+from .wire.chunks import Restarted
+from .worker.loop import RedisWorker
+from .worker.supervisor import run_redis_workers_forever
 
 __version__ = VERSION
 

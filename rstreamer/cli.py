@@ -1,13 +1,14 @@
 """Command-line entry points: ``rstreamer`` (demo, status, bench, worker) and ``rstreamer-worker``.
 
 Every ``rstreamer-worker`` option also comes from an ``RSTREAMER_*`` variable; priority is
-command line, then environment, then default. Logging is configured here (rstreamer.logs), and in
+command line, then environment, then default. Logging is configured here (rstreamer.ops.logs), and in
 the child processes' own entry points; nowhere else.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -15,11 +16,12 @@ import os
 import sys
 import urllib.parse
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, NoReturn
 
 from .errors import BrokerUnavailable, ConfigError
-from .logs import configure_logging
-from .model import import_from_working_directory
+from .model.managed import import_from_working_directory
+from .ops.logs import configure_logging
 from .settings import (
     DEFAULT_REDIS_URL,
     REDIS_URL_ENV,
@@ -110,7 +112,7 @@ def _json_of(kind: type) -> Callable[[str], Any]:
 
 
 def _gpus(text: str) -> list[int]:
-    from .placement import parse_gpus
+    from .worker.placement import parse_gpus
 
     try:
         gpus = parse_gpus(text)
@@ -241,9 +243,9 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     ``settings`` defaults to ``WorkerSettings.from_env()`` (heartbeat, reclaim, drain...);
     batch size and latency come from ``args``.
     """
-    from .connection import normalize_broker_url
-    from .keys import Keys
-    from .supervisor import WorkerSpec
+    from .broker.connection import normalize_broker_url
+    from .wire.keys import Keys
+    from .worker.supervisor import WorkerSpec
 
     url = normalize_broker_url(args.redis)
     prefix = Keys(args.prefix).prefix
@@ -259,16 +261,16 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
 
 def _check_model_module(model: str) -> None:
     """Fail fast on a misspelt module or class without importing it (the supervisor stays light)."""
-    from .preflight import check_model_name
+    from .worker.preflight import check_model_name
 
     check_model_name(model)
 
 
 def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
     """The ``--check`` health check: (healthy, one-line message). Never shows a password."""
-    from .connection import ping_broker, redacted
-    from .keys import Keys
-    from .model import resolve_model
+    from .broker.connection import ping_broker, redacted
+    from .model.managed import resolve_model
+    from .wire.keys import Keys
 
     shown = redacted(args.redis)
     try:
@@ -303,9 +305,9 @@ def worker_main(argv: list[str] | None = None) -> int:
         healthy, message = check_worker(args)
         print(f"rstreamer-worker --check: {message}", file=sys.stdout if healthy else sys.stderr)
         return 0 if healthy else 1
-    from .placement import per_gpu
-    from .preflight import wait_for_broker
-    from .supervisor import Supervisor
+    from .worker.placement import per_gpu
+    from .worker.preflight import wait_for_broker
+    from .worker.supervisor import Supervisor
 
     try:
         spec = build_worker_spec(args)
@@ -341,8 +343,8 @@ def status_parser() -> argparse.ArgumentParser:
 
 def status_main(argv: list[str]) -> int:
     """``rstreamer status``."""
-    from . import status
-    from .connection import create_redis, normalize_broker_url, redacted
+    from .broker.connection import create_redis, normalize_broker_url, redacted
+    from .ops import status
 
     args = status_parser().parse_args(argv)
     dead_after = WorkerSettings.from_env().dead_after
@@ -381,9 +383,9 @@ def _unknown_prefix(client: Any, prefix: str, url: str) -> str:
     """Why ``prefix`` shows nothing, and which prefixes this Redis does have."""
     import difflib
 
-    from .connection import redacted
-    from .keys import Keys
-    from .status import list_prefixes
+    from .broker.connection import redacted
+    from .ops.status import list_prefixes
+    from .wire.keys import Keys
 
     known = list_prefixes(client)
     # The likeliest meant ones first: a misspelt prefix is the usual cause.
@@ -396,16 +398,28 @@ def _unknown_prefix(client: Any, prefix: str, url: str) -> str:
 
 # rstreamer -------------------------------------------------------------------------------
 
-def bench_main(argv: list[str]) -> int:
-    """``rstreamer bench``: ``rstreamer.tools.bench:main``, imported only when asked for."""
+TOOLS_GROUP = "rstreamer.commands"
+
+
+def tool_main(name: str, argv: list[str]) -> int:
+    """``rstreamer bench|demo|chaos``: a developer tool, found by name in the ``rstreamer.commands``
+    entry-point group (the package ``rstreamer_tools`` outside the library), imported only when asked for."""
+    found = importlib.metadata.entry_points(group=TOOLS_GROUP, name=name)
     try:
-        module = importlib.import_module("rstreamer.tools.bench")
+        tool = next(iter(found)).load()
+    except StopIteration:
+        missing = f"no {TOOLS_GROUP} entry point {name!r} is installed (install rstreamer from its repository)"
     except ImportError as exc:
-        bench = "rstreamer.tools.bench"
-        missing = f"this installation has no {bench} module" if exc.name == bench else str(exc)
-        print(f"rstreamer bench: not available: {missing}", file=sys.stderr)
-        return 2
-    return int(module.main(argv) or 0)
+        missing = str(exc)
+    else:
+        return int(tool(argv) or 0)
+    print(f"rstreamer {name}: not available: {missing}", file=sys.stderr)
+    return 2
+
+
+def bench_main(argv: list[str]) -> int:
+    """``rstreamer bench``."""
+    return tool_main("bench", argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     if command == "worker":
         return worker_main(rest)
     commands: dict[str, Callable[[list[str]], int]] = {
-        "demo": _demo_main, "status": status_main, "bench": bench_main, "chaos": _chaos_main,
+        "demo": partial(tool_main, "demo"), "status": status_main, "bench": bench_main,
+        "chaos": partial(tool_main, "chaos"),
         "dashboard": _dashboard_main, "jobs": _jobs_main, "dead": _dead_main,
     }
     if command not in commands:
@@ -435,31 +450,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if isinstance(exc, ConfigError) else 1
 
 
-def _chaos_main(argv: list[str]) -> int:
-    from .tools.chaos import main as chaos_main
-
-    return chaos_main(argv)
-
-
 def _jobs_main(argv: list[str]) -> int:
-    from .cli_admin import jobs_main
+    from .ops.admin import jobs_main
 
     return jobs_main(argv)
 
 
 def _dead_main(argv: list[str]) -> int:
-    from .cli_admin import dead_main
+    from .ops.admin import dead_main
 
     return dead_main(argv)
 
 
-def _demo_main(argv: list[str]) -> int:
-    from .tools.demo import main as demo_main
-
-    return demo_main(argv)
-
-
 def _dashboard_main(argv: list[str]) -> int:
-    from .tools.dashboard import main as dashboard_main
+    from .ops.dashboard import main as dashboard_main
 
     return dashboard_main(argv)

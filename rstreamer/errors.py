@@ -131,7 +131,7 @@ class DeadLettered(RemoteError):
 
 
 class JobError(RStreamerError):
-    """Base class of the errors of durable jobs (:mod:`rstreamer.jobs`)."""
+    """Base class of the errors of durable jobs (:mod:`rstreamer.jobs.sync`)."""
 
     http_status = 400
 

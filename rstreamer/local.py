@@ -11,13 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import BaseStreamer
-from .batching import Batcher, BatchPolicy, BatchStats, Outcome, answer_batch
-from .costing import CostBudget, CostFunction, CostModel, OomGuard, oom_error_types, parse_cost_model, safe_cost
+from .batching.batcher import Batcher, BatchPolicy, BatchStats, Outcome, answer_batch
+from .batching.costing import CostBudget, CostModel, OomGuard, oom_error_types, parse_cost_model, safe_cost
+from .client.base import BaseStreamer
+from .client.future import Future
 from .errors import ConfigError, Overloaded, WorkerStartupError
-from .future import Future
-from .model import ModelSpec, Predictor, load_predictor, model_costing, model_ref
-from .placement import child_environment, pin_process_to, process_context, round_robin
+from .model.managed import CostFunction, ModelSpec, Predictor, load_predictor, model_costing, model_ref
+from .worker.placement import child_environment, pin_process_to, process_context, round_robin
 
 logger = logging.getLogger(__name__)
 

@@ -6,19 +6,27 @@ side, WorkerSettings on the worker side), its variable is ``RSTREAMER_<FIELD>`` 
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
-from .batching import BatchPolicy
-from .costing import CostBudget, parse_cost_model
+from .batching.batcher import BatchPolicy
+from .batching.costing import CostBudget, parse_cost_model
+from .batching.priority import Levels
+from .batching.quotas import Quotas
 from .errors import ConfigError
-from .messages import MAX_JOB_TTL, MAX_TIMEOUT
-from .priority import Levels
-from .quotas import Quotas
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+MAX_TIMEOUT = 24 * 3600.0
+"""The longest timeout a call may have, in seconds (one day): the streamers refuse a longer one
+(ConfigError) and the web apps answer it with 400."""
+
+MAX_JOB_TTL = 30 * 24 * 3600.0
+"""The longest a durable job may live, in seconds (30 days): ``submit_job(ttl=)``,
+``RSTREAMER_JOB_TTL`` and ``"ttl"`` of ``POST /jobs`` are refused beyond it."""
 ENV_PREFIX = "RSTREAMER_"
 
 _S = TypeVar("_S", bound="EnvSettings")
@@ -88,7 +96,7 @@ def parse_cost_model_name(text: str) -> str:
 
 
 def parse_priorities(text: str) -> str:
-    """Priority weights, level 0 first, e.g. ``8,1`` (see rstreamer.priority.Levels); its
+    """Priority weights, level 0 first, e.g. ``8,1`` (see rstreamer.batching.priority.Levels); its
     ConfigError (a ValueError) says what is wrong."""
     Levels.parse(text)
     return text.strip()
@@ -113,7 +121,7 @@ def parse_level_max_queue(text: str) -> str:
 
 
 def parse_tenant_quotas(text: str) -> str:
-    """Tenants with their own quota, ``acme=100:200,bob=5:10`` (rate:burst; see rstreamer.quotas)."""
+    """Tenants with their own quota, ``acme=100:200,bob=5:10`` (rate:burst; see rstreamer.batching.quotas)."""
     Quotas.parse(tenants=text)
     return text.strip()
 
@@ -134,6 +142,16 @@ def setting_parser(settings: type[EnvSettings], name: str) -> Callable[[str], An
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
     if not (value > 0 or (allow_zero and value == 0)):  # also refuses NaN
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` if it is a number of seconds > 0 and at most MAX_TIMEOUT; raises ConfigError
+    (a ValueError) otherwise."""
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT):
+        raise ConfigError(f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} (one day), "
+                          f"got {timeout!r}")
+    return float(timeout)
 
 
 class EnvSettings:
@@ -169,7 +187,7 @@ class ClientSettings(EnvSettings):
     """Web-side settings of a RedisStreamer.
 
     timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``), at most a day
-        (messages.MAX_TIMEOUT).
+        (MAX_TIMEOUT).
     max_queue: refuse new work while this many items wait undelivered; 0 disables.
     max_queue_bytes: refuse new work that would make the prefix's request stream hold more
         than this many bytes in Redis (``RSTREAMER_MAX_QUEUE_BYTES``); 0 disables. Keep it well
@@ -200,14 +218,14 @@ class WorkerSettings(EnvSettings):
     replaces it, and its entries are reclaimed. dead_max_len, dead_max_bytes: the dead-letter
     stream keeps at most this many records and about this many bytes (the newest ones).
     max_batch_cost, cost_model, cost_lookahead: cost-aware batching (0: no budget; see
-    rstreamer.costing); it is on when the model defines ``cost()`` or a budget is set.
+    rstreamer.batching.costing); it is on when the model defines ``cost()`` or a budget is set.
     priorities: the weights of the priority levels, level 0 (most urgent) first, e.g. ``8,1``
     (empty: one level); level_max_queue: per level, the undelivered items of that level and the
     more urgent ones past which a call at that level is refused (e.g. ``0,5000``; 0 or empty:
-    the client's max_queue). See rstreamer.priority and docs/priority.md.
+    the client's max_queue). See rstreamer.batching.priority and docs/priority.md.
     tenant_rate, tenant_burst: every tenant's quota, items/s and bucket size (0: no quota; burst
     0: one second's worth); tenant_quotas: tenants with their own, ``acme=100:200,bob=5:10``
-    (rate:burst). See rstreamer.quotas. tenant_sharing: ``fifo`` (items of a level run in
+    (rate:burst). See rstreamer.batching.quotas. tenant_sharing: ``fifo`` (items of a level run in
     arrival order) or ``fair`` (tenants of a level take turns, one item each; calls without a
     tenant count as one tenant; see docs/priority.md).
     """
@@ -278,7 +296,7 @@ class JobSettings(EnvSettings):
     """Settings of durable jobs (``RSTREAMER_JOB_*``; see docs/jobs.md).
 
     job_ttl: seconds a job (state, inputs, results) lives in Redis after it is submitted,
-        unless ``submit_job(ttl=...)`` says otherwise; at most 30 days (messages.MAX_JOB_TTL).
+        unless ``submit_job(ttl=...)`` says otherwise; at most 30 days (MAX_JOB_TTL).
     job_max_items: a job with more items is refused at submit (JobTooLarge).
     job_window: most items of one job on the request stream at once; the workers feed the
         next ones as they answer, so a large job never floods the stream.

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis
 
-from rstreamer.coalescer import Coalescer
-from rstreamer.embedded import EmbeddedRedis
+from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client.coalescer import Coalescer
 from support.keyleaks import leaked_keys
 from support.procs import TESTS, WorkerProcesses
 from support.web import WebServers

@@ -18,9 +18,9 @@ from flask import Flask, Request, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from rstreamer import BrokerUnavailable, RedisStreamer
-from rstreamer.connection import RedisClient, create_redis
-from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
+from rstreamer.broker.connection import RedisClient, create_redis
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
 
 from . import jobs, metrics, protocol, sse
 from .config import WebConfig

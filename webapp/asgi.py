@@ -20,10 +20,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from rstreamer import AsyncRedisStreamer, Cancelled, lua
-from rstreamer.connection import create_async_redis
-from rstreamer.keys import Keys
-from rstreamer.liveness import parse_read_workers
+from rstreamer import AsyncRedisStreamer, Cancelled
+from rstreamer.broker.connection import create_async_redis
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import parse_read_workers
+from rstreamer.wire.scripts import scripts
 
 from . import jobs, metrics, protocol, sse
 from .config import WebConfig
@@ -159,7 +160,7 @@ async def _cancel_job(request: Request) -> Response:
 
 async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
     """``work``'s result; if the client disconnects first, ``work`` is cancelled, which withdraws
-    the call's items (rstreamer.cancel): no model time for a caller that is gone."""
+    the call's items (rstreamer.wire.cancel): no model time for a caller that is gone."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnect(request))
     try:
@@ -197,8 +198,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _read_workers(client: Any, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
-    """The async twin of ``rstreamer.liveness.read_workers``: one script, so Redis Cluster works too."""
-    return parse_read_workers(await client.register_script(lua.READ_WORKERS)(keys=[keys.workers]))
+    """The async twin of ``rstreamer.worker.liveness.read_workers``: one script, so Redis Cluster works too."""
+    return parse_read_workers(await scripts(client).read_workers(keys=[keys.workers]))
 
 
 async def _healthz(request: Request) -> Response:

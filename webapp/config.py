@@ -5,10 +5,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstreamer.connection import redacted
+from rstreamer.broker.connection import redacted
 from rstreamer.errors import ConfigError
-from rstreamer.keys import validate_prefix
 from rstreamer.settings import DEFAULT_REDIS_URL, ClientSettings, EnvSettings, WorkerSettings
+from rstreamer.wire.keys import validate_prefix
 
 logger = logging.getLogger("webapp")
 

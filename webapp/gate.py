@@ -1,7 +1,7 @@
 """Refuse calls at once while no live worker serves the prefix, instead of letting each one wait
 for its whole timeout (a misspelt prefix, workers not started, every worker down).
 
-The gate reads the prefix's heartbeats (``rstreamer.liveness``) at most once per ``interval``
+The gate reads the prefix's heartbeats (``rstreamer.worker.liveness``) at most once per ``interval``
 seconds per web process, so a request costs no Redis round trip; between reads it answers from
 the last verdict. It refuses only after no live worker has been seen for ``grace`` seconds, so a
 worker restarting (a model reloading after a crash) does not turn its short gap into errors:
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rstreamer.errors import NoLiveWorker
-from rstreamer.liveness import live_workers
+from rstreamer.wire.published import live_workers
 
 Heartbeats = tuple[int, dict[str, dict[str, Any]]]
-"""What ``rstreamer.liveness.read_workers`` returns: the server's time (ms) and every heartbeat."""
+"""What ``rstreamer.worker.liveness.read_workers`` returns: the server's time (ms) and every heartbeat."""
 
 
 class WorkerGate:

@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rstreamer.metrics import percentile
+from rstreamer.ops.metrics import percentile
 
 SENTENCES = (
     "Happy birthday to you.",

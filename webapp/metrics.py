@@ -9,7 +9,7 @@ import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, generate_latest, multiprocess
 
-from rstreamer.metrics import ClientMetrics, client_metrics
+from rstreamer.ops.metrics import ClientMetrics, client_metrics
 
 RESPONSES = Counter("rstreamer_web_responses", "HTTP responses of the web app, by route and status.",
                     ["route", "status"])

@@ -15,10 +15,10 @@ from urllib.parse import parse_qs
 
 import redis
 
+from rstreamer.batching.priority import MAX_LEVELS
+from rstreamer.batching.quotas import check_tenant
 from rstreamer.errors import BrokerUnavailable, ConfigError, RateLimited, RemoteError, RStreamerError
-from rstreamer.liveness import live_workers
-from rstreamer.priority import MAX_LEVELS
-from rstreamer.quotas import check_tenant
+from rstreamer.wire.published import live_workers
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstreamer import Restarted
+from rstreamer.client.streams import AsyncChunkStream, ChunkStream
 from rstreamer.errors import ConfigError
-from rstreamer.messages import MAX_TIMEOUT, check_timeout
-from rstreamer.streams import AsyncChunkStream, ChunkStream
+from rstreamer.settings import MAX_TIMEOUT, check_timeout
 
 from . import protocol
 

@@ -8,7 +8,7 @@ sequence. A step runs one batched forward pass over every live sequence, attendi
 cached keys and values, so its time grows with the number of live sequences (and their length)
 as a real decoder's does.
 
-:class:`TinyDecoder` is a :class:`~rstreamer.generative.GenerativeModel` (continuous batching,
+:class:`TinyDecoder` is a :class:`~rstreamer.model.generative.GenerativeModel` (continuous batching,
 streamed chunks); :class:`RequestLevelDecoder` serves the same model as a plain batch model that
 answers a batch when its longest item is done (the baseline of ``rstreamer bench stream``).
 """
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rstreamer.generative import GenerativeModel, Step
-from rstreamer.model import ManagedModel
+from rstreamer.model.generative import GenerativeModel, Step
+from rstreamer.model.managed import ManagedModel
 
 VOCAB = 128
 D_MODEL = 256

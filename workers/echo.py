@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rstreamer.model import ManagedModel
+from rstreamer.model.managed import ManagedModel
 
 
 def echo_predict(batch: list[Any]) -> list[Any]:

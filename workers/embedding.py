@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rstreamer.model import ManagedModel
+from rstreamer.model.managed import ManagedModel
 
 if TYPE_CHECKING:
     import torch

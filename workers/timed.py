@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rstreamer.model import ManagedModel
+from rstreamer.model.managed import ManagedModel
 
 
 class TimedEchoModel(ManagedModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rstreamer.model import ManagedModel
+from rstreamer.model.managed import ManagedModel
 
 D_MODEL = 256
 LAYERS = 4

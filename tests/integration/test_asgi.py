@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 from support.procs import wait_until
 from workers.similarity import load_corpus
 

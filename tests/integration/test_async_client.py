@@ -15,7 +15,7 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
-from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
+from rstreamer_tools.sentences import SENTENCES, TRIPLES, cosine
 
 
 def run(coroutine):

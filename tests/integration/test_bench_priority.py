@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rstreamer.tools import bench
+from rstreamer_tools import bench
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rstreamer.tools.bench_stream import Run, check_targets, format_table, workload
+from rstreamer_tools.bench_stream import Run, check_targets, format_table, workload
 from support import procs
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rstreamer import AsyncRedisStreamer, Cancelled, RedisStreamer, StreamerTimeout
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from rstreamer import RedisStreamer
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
-from rstreamer.status import take_snapshots, worker_rows
+from rstreamer.broker.embedded import free_port
+from rstreamer.ops.status import take_snapshots, worker_rows
+from rstreamer.wire.keys import Keys
 from support import procs
 from support.procs import wait_until
 

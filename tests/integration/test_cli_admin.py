@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rstreamer import DeadLettered, JobState, RedisStreamer
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 from support import procs
 from support.polling import wait_until
 

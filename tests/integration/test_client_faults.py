@@ -16,10 +16,10 @@ import pytest
 import redis
 
 from rstreamer import AsyncRedisStreamer, BrokerUnavailable, Overloaded, RedisStreamer, RemoteError, StreamerTimeout
-from rstreamer.calls import SOCKET_TIMEOUT
-from rstreamer.coalescer import Coalescer
-from rstreamer.codec import unpackb
-from rstreamer.embedded import EmbeddedRedis
+from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client.coalescer import Coalescer
+from rstreamer.client.core import SOCKET_TIMEOUT
+from rstreamer.codec.core import unpackb
 from rstreamer.errors import RStreamerError
 from support.procs import wait_until
 

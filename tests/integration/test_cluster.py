@@ -16,8 +16,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from rstreamer import AsyncRedisStreamer, InvalidPriority, RedisStreamer
-from rstreamer.connection import create_redis
-from rstreamer.keys import Keys
+from rstreamer.broker.connection import create_redis
+from rstreamer.wire.keys import Keys
 from support import procs
 from support.cluster import LocalCluster
 from support.procs import ROOT, WorkerProcesses, wait_until

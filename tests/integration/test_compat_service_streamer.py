@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from rstreamer import ManagedModel, RedisStreamer, RedisWorker, Streamer, ThreadedStreamer, run_redis_workers_forever
-from rstreamer.embedded import free_port
+from rstreamer.broker.embedded import free_port
 
 # The one line a service-streamer user changes.
-from rstreamer.tools.processes import stop_group
+from rstreamer_tools.processes import stop_group
 from support.models import Affine, Doubler, double
 from support.procs import live_pids, wait_for_workers, wait_until
 from support.procs import test_env as child_env

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
+from rstreamer.broker.embedded import free_port
+from rstreamer.wire.keys import Keys
 from support.procs import ROOT, wait_for_workers, wait_until
 from support.procs import test_env as procs_env
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rstreamer import RemoteError, ThreadedStreamer
-from rstreamer.costing import batch_cost
+from rstreamer.batching.costing import batch_cost
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rstreamer import RedisStreamer, RemoteError
-from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
-from rstreamer.status import prefix_status
+from rstreamer.ops.status import prefix_status
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from rstreamer import RedisStreamer
-from rstreamer.connection import ensure_group
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
-from rstreamer.messages import DEADLINE, REMAINING, TOKEN, unpack_results
+from rstreamer.broker.embedded import free_port
+from rstreamer.wire.groups import ensure_group
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import DEADLINE, REMAINING, TOKEN, unpack_results
 from support import procs
 from support.procs import wait_until
 from support.system import debian_tool
@@ -35,7 +35,7 @@ def chromium() -> str:
 
 def start_dashboard(redis_url: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rstreamer.tools.dashboard", "--redis", redis_url,
+    proc = subprocess.Popen([sys.executable, "-m", "rstreamer.ops.dashboard", "--redis", redis_url,
                              "--port", str(port), "--interval", "0.25", *args],
                             env=procs.test_env(), start_new_session=True)
     url = f"http://127.0.0.1:{port}"

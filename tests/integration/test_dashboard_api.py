@@ -7,10 +7,10 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from rstreamer.connection import ensure_group
-from rstreamer.keys import Keys
-from rstreamer.tools.dashboard.app import Options, create_app
-from rstreamer.tools.dashboard.sampler import Sampler
+from rstreamer.ops.dashboard.app import Options, create_app
+from rstreamer.ops.dashboard.sampler import Sampler
+from rstreamer.wire.groups import ensure_group
+from rstreamer.wire.keys import Keys
 
 
 @pytest.fixture

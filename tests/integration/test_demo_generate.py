@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rstreamer.embedded import EmbeddedRedis
+from rstreamer.broker.embedded import EmbeddedRedis
 from support import procs
 
 

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from rstreamer import Cancelled, Overloaded, RedisStreamer
-from rstreamer.keys import Keys
-from rstreamer.levelsource import LevelSource, ensure_groups, publish_levels
-from rstreamer.messages import REMAINING
-from rstreamer.priority import Levels
-from rstreamer.status import take_snapshots
+from rstreamer.batching.priority import Levels
+from rstreamer.ops.status import take_snapshots
+from rstreamer.wire.groups import ensure_groups
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import REMAINING
+from rstreamer.wire.published import publish_levels
+from rstreamer.worker.levelsource import LevelSource
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
-from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
 from support.procs import live_pids, wait_for_workers, wait_until
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rstreamer import ConfigError, RedisStreamer
-from rstreamer.embedded import EmbeddedRedis, free_port
+from rstreamer.broker.embedded import EmbeddedRedis, free_port
 from rstreamer.version import VERSION
 from support import procs
 from support.procs import wait_for_workers, wait_until

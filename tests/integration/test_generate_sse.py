@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 from support.procs import WorkerProcesses, wait_until
 from support.web import WebServer, WebServers
 

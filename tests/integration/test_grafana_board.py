@@ -19,12 +19,12 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
 from rstreamer import RedisStreamer
-from rstreamer.embedded import free_port
+from rstreamer.broker.embedded import free_port
 from rstreamer.errors import RStreamerError
-from rstreamer.keys import Keys
-from rstreamer.messages import DEADLINE, REMAINING
-from rstreamer.metrics import ClientMetrics
-from rstreamer.tools import board
+from rstreamer.ops.metrics import ClientMetrics
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import DEADLINE, REMAINING
+from rstreamer_tools import board
 from support import procs
 from support.procs import wait_until
 from support.system import debian_tool

@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from rstreamer import JobState, RedisStreamer
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
+from rstreamer.broker.embedded import free_port
+from rstreamer.wire.keys import Keys
 from support.polling import wait_until
 
 

@@ -22,8 +22,8 @@ from rstreamer import (
     RedisStreamer,
     RemoteError,
 )
-from rstreamer.keys import Keys
 from rstreamer.settings import JobSettings
+from rstreamer.wire.keys import Keys
 from support import procs
 from support.polling import wait_until
 from support.procs import TESTS

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from rstreamer import Overloaded, RedisStreamer, WorkerSettings
-from rstreamer.keys import Keys
-from rstreamer.levelsource import ensure_groups, publish_levels, publish_quotas
+from rstreamer.wire.groups import ensure_groups
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import publish_levels, publish_quotas
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration

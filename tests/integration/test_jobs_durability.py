@@ -13,7 +13,7 @@ import redis
 
 from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer
 from rstreamer.errors import DeadLettered
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 from support import procs
 from support.polling import wait_until
 from support.procs import TESTS, WorkerProcesses

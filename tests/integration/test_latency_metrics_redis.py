@@ -7,9 +7,9 @@ import time
 from prometheus_client import CollectorRegistry
 
 from rstreamer import RedisStreamer, RedisWorker
-from rstreamer.connection import ensure_group
-from rstreamer.keys import Keys
-from rstreamer.metrics import WorkerMetrics
+from rstreamer.ops.metrics import WorkerMetrics
+from rstreamer.wire.groups import ensure_group
+from rstreamer.wire.keys import Keys
 from support.procs import wait_until
 
 

@@ -16,9 +16,10 @@ from rstreamer import (
     Overloaded,
     RedisStreamer,
 )
-from rstreamer.keys import Keys
-from rstreamer.levelsource import ensure_groups, publish_levels, published_levels
-from rstreamer.priority import Levels
+from rstreamer.batching.priority import Levels
+from rstreamer.wire.groups import ensure_groups
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import publish_levels, published_levels
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration
@@ -195,7 +196,7 @@ def test_worker_metrics_count_items_and_wait_per_level(redis_client, redis_url, 
     from prometheus_client import CollectorRegistry
 
     from rstreamer import RedisWorker, WorkerSettings
-    from rstreamer.metrics import WorkerMetrics
+    from rstreamer.ops.metrics import WorkerMetrics
 
     registry = CollectorRegistry()
     worker = RedisWorker("support.models:Doubler", 8, 0.01, redis_url, prefix,
@@ -221,7 +222,7 @@ def test_a_refused_bulk_call_does_not_refuse_an_urgent_call_coalesced_after_it(r
     import threading
     import time
 
-    from rstreamer.coalescer import Coalescer
+    from rstreamer.client.coalescer import Coalescer
 
     keys = Keys(prefix)
     ensure_groups(redis_client, keys, 2)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 
 pytestmark = pytest.mark.integration
 

@@ -7,10 +7,11 @@ import time
 import pytest
 
 from rstreamer import AsyncRedisStreamer, ConfigError, RateLimited, RedisStreamer
-from rstreamer.keys import Keys
-from rstreamer.levelsource import ensure_groups, publish_levels, publish_quotas
-from rstreamer.priority import Levels
-from rstreamer.quotas import Quotas
+from rstreamer.batching.priority import Levels
+from rstreamer.batching.quotas import Quotas
+from rstreamer.wire.groups import ensure_groups
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import publish_levels, publish_quotas
 
 pytestmark = pytest.mark.integration
 

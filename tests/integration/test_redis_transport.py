@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from rstreamer import RedisStreamer
-from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
 from support.procs import wait_until
 
 

@@ -10,14 +10,15 @@ import time
 import pytest
 import redis
 
-from rstreamer import lua
-from rstreamer.cancel import cancel_args
-from rstreamer.jobs import prepare
-from rstreamer.keys import Keys
-from rstreamer.levelsource import ensure_groups, publish_levels
-from rstreamer.messages import MAX_DURATION_MS, QueueLimits, enqueue_args, enqueue_keys
-from rstreamer.priority import Levels
+from rstreamer.batching.priority import Levels
+from rstreamer.jobs.sync import prepare
 from rstreamer.settings import JobSettings
+from rstreamer.wire.cancel import cancel_args
+from rstreamer.wire.groups import ensure_groups
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import MAX_DURATION_MS, QueueLimits, enqueue_args, enqueue_keys
+from rstreamer.wire.published import publish_levels
+from rstreamer.wire.scripts import scripts
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ def enqueue(client: redis.Redis, keys: Keys, remaining: str, token: str = "c1:0"
     args = enqueue_args(QueueLimits(0, 0, keys.group), token, [([b"\x01", b"\x02"], time.time() + 30, 0, "acme")],
                         time.time())
     args[8 + 1 + 1] = remaining  # after the 8 fixed arguments, the tenant name and the call's item count
-    return client.register_script(lua.ENQUEUE_CALLS)(keys=enqueue_keys(keys, [0], ["acme"]), args=args)
+    return scripts(client).enqueue_calls(keys=enqueue_keys(keys, [0], ["acme"]), args=args)
 
 
 @pytest.mark.parametrize("remaining", TOO_LONG)
@@ -65,7 +66,7 @@ def test_job_create_refuses_a_ttl_out_of_bounds_and_stores_no_job(redis_client, 
     job.args[4] = ttl
     before = snapshot(redis_client, prefix)
     with pytest.raises(redis.ResponseError, match=r"invalid ttl \(ms\)"):
-        redis_client.register_script(lua.JOB_CREATE)(keys=job.keys, args=job.args)
+        scripts(redis_client).job_create(keys=job.keys, args=job.args)
     assert snapshot(redis_client, prefix) == before and not redis_client.exists(keys.job(job.id))
 
 
@@ -79,7 +80,7 @@ def test_job_create_refuses_a_tenant_or_level_its_keys_do_not_match(redis_client
     redis_client.pexpire(job.inputs_key, 60_000)
     job.args[6], job.args[9] = level, tenant
     with pytest.raises(redis.ResponseError, match=error):
-        redis_client.register_script(lua.JOB_CREATE)(keys=job.keys, args=job.args)
+        scripts(redis_client).job_create(keys=job.keys, args=job.args)
     assert not redis_client.exists(keys.job(job.id))
 
 
@@ -92,7 +93,7 @@ def test_cancel_refuses_a_ttl_out_of_bounds_and_withdraws_nothing(redis_client, 
     args["args"][1] = ttl
     before = snapshot(redis_client, prefix)
     with pytest.raises(redis.ResponseError, match="invalid cancellation TTL"):
-        redis_client.register_script(lua.CANCEL)(**args)
+        scripts(redis_client).cancel(**args)
     assert snapshot(redis_client, prefix) == before
 
 
@@ -104,7 +105,7 @@ def test_finish_refuses_a_reply_ttl_out_of_bounds_and_neither_replies_nor_acks(r
     redis_client.xreadgroup(keys.group, "w1", {keys.requests: ">"})
     before = snapshot(redis_client, prefix)
     with pytest.raises(redis.ResponseError, match="invalid reply TTL"):
-        redis_client.register_script(lua.FINISH)(
+        scripts(redis_client).finish(
             keys=[keys.dead, keys.requests, keys.reply("c1:0"), keys.cancelled("c1:0")],
             args=[keys.group, 1, 0, 100, 10_000, 1, ttl, 1, b"answer", entry])
     assert snapshot(redis_client, prefix) == before
@@ -114,5 +115,5 @@ def test_finish_refuses_a_reply_ttl_out_of_bounds_and_neither_replies_nor_acks(r
 def test_heartbeat_refuses_a_ttl_that_is_not_an_integer_and_writes_nothing(redis_client, prefix):
     keys = Keys(prefix)
     with pytest.raises(redis.ResponseError, match="invalid heartbeat TTL"):
-        redis_client.register_script(lua.HEARTBEAT)(keys=[keys.workers], args=["w1", "{}", "1e+18"])
+        scripts(redis_client).heartbeat(keys=[keys.workers], args=["w1", "{}", "1e+18"])
     assert not redis_client.exists(keys.workers)

@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from rstreamer import BrokerUnavailable, RedisStreamer
-from rstreamer.embedded import EmbeddedRedis
+from rstreamer.broker.embedded import EmbeddedRedis
 from support.procs import WorkerProcesses
 
 PASSWORD = "s3cret-Pw-42"

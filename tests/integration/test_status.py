@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from rstreamer import RedisStreamer
+from rstreamer.broker.embedded import free_port
 from rstreamer.cli import status_main
-from rstreamer.connection import ensure_group
-from rstreamer.embedded import free_port
-from rstreamer.keys import Keys
+from rstreamer.wire.groups import ensure_group
+from rstreamer.wire.keys import Keys
 from support import procs
 from support.procs import wait_until
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from rstreamer import DeadLettered, RedisStreamer, Restarted
-from rstreamer.connection import create_redis
-from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
+from rstreamer.broker.connection import create_redis
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
 from support.procs import WorkerProcesses, wait_until
 
 TICKER = "support.models:Ticker"

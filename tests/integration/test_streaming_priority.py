@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from rstreamer import AsyncRedisStreamer, ConfigError, InvalidPriority, RateLimited, RedisStreamer
-from rstreamer.keys import Keys
-from rstreamer.quotas import Quotas
+from rstreamer.batching.quotas import Quotas
+from rstreamer.wire.keys import Keys
 from support.procs import WorkerProcesses, wait_until
 from support.web import WebServers
 

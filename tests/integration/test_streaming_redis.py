@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from rstreamer import AsyncRedisStreamer, RedisStreamer, RemoteError, StreamerTimeout
-from rstreamer.keys import Keys
+from rstreamer.wire.keys import Keys
 from support.procs import WorkerProcesses, wait_until
 
 DECODER = "workers.decoder:TinyDecoder"

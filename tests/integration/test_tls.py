@@ -7,8 +7,9 @@ from urllib.parse import quote
 
 import pytest
 
-from rstreamer import RedisStreamer, status
+from rstreamer import RedisStreamer
 from rstreamer.errors import BrokerUnavailable
+from rstreamer.ops import status
 from support.procs import WorkerProcesses
 from support.tls import PASSWORD, TlsRedis, make_certificates, tls_unsupported_reason
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from rstreamer import RedisStreamer, RedisWorker
-from rstreamer.connection import ensure_group
-from rstreamer.keys import Keys
-from rstreamer.tracing import TRACEPARENT, WorkerTracer, current_traceparent, parent_of, traced_predict
+from rstreamer.ops.tracing import TRACEPARENT, WorkerTracer, current_traceparent, parent_of, traced_predict
+from rstreamer.wire.groups import ensure_group
+from rstreamer.wire.keys import Keys
 from support.procs import wait_until
 
 pytest.importorskip("opentelemetry.sdk", reason="pip install -e '.[otel]'")
@@ -83,7 +83,7 @@ def test_without_a_span_nothing_is_sent_and_bad_traceparents_are_ignored():
 
 
 def test_workers_trace_only_when_asked(monkeypatch):
-    from rstreamer.tracing import worker_tracer
+    from rstreamer.ops.tracing import worker_tracer
 
     monkeypatch.delenv("RSTREAMER_TRACING", raising=False)
     assert worker_tracer("p") is None

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from rstreamer.keys import Keys
-from rstreamer.levelsource import publish_quotas
-from rstreamer.quotas import Quotas
+from rstreamer.batching.quotas import Quotas
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import publish_quotas
 from support.polling import wait_until
 
 

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rstreamer.keys import Keys
-from rstreamer.tools.sentences import SENTENCES, TRIPLES, cosine
+from rstreamer.wire.keys import Keys
+from rstreamer_tools.sentences import SENTENCES, TRIPLES, cosine
 from support import procs
 from support.procs import wait_until
 from support.system import debian_tool

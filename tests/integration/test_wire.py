@@ -16,13 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 import msgpack
 import pytest
 
-from rstreamer import ClientSettings, RedisStreamer, codec
-from rstreamer.batching import Outcome
-from rstreamer.connection import ensure_group
+from rstreamer import ClientSettings, RedisStreamer
+from rstreamer.batching.batcher import Outcome
+from rstreamer.codec import core as codec
 from rstreamer.errors import Overloaded, RemoteError, StreamerTimeout
-from rstreamer.keys import Keys
-from rstreamer.liveness import server_time_ms
-from rstreamer.messages import unpack_results
+from rstreamer.wire.groups import ensure_group
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import unpack_results
+from rstreamer.wire.published import server_time_ms
 from support import procs
 from support.procs import TESTS, wait_for_workers, wait_until
 from support.system import debian_tool

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from rstreamer import RedisStreamer, RedisWorker, WorkerSettings
-from rstreamer.embedded import EmbeddedRedis, free_port
-from rstreamer.keys import Keys
-from rstreamer.reclaim import Reclaimer
+from rstreamer.broker.embedded import EmbeddedRedis, free_port
+from rstreamer.wire.keys import Keys
+from rstreamer.worker.reclaim import Reclaimer
 from support.procs import WorkerProcesses, live_pids, wait_for_workers, wait_until
 
 FAST = {"heartbeat_interval": 0.2, "dead_after": 1.0, "reclaim_interval": 0.2}
@@ -246,8 +246,8 @@ def test_a_deleted_stream_is_recreated_at_once_by_idle_workers(redis_client, red
 
 def test_gpus_that_torch_does_not_see_are_reported_at_start(redis_url, prefix, caplog):
     pytest.importorskip("torch")
-    from rstreamer.placement import cuda_device_count
-    from rstreamer.supervisor import Supervisor, WorkerSpec
+    from rstreamer.worker.placement import cuda_device_count
+    from rstreamer.worker.supervisor import Supervisor, WorkerSpec
 
     visible = cuda_device_count()
     supervisor = Supervisor(WorkerSpec("support.models:Doubler", redis_url, prefix,

@@ -1,6 +1,6 @@
 """The per-test key-leak check: every key a test's prefix leaves behind is a stream of work or has a TTL.
 
-DESIGN.md: keys are built only in rstreamer/keys.py, under ``rstreamer:{prefix}:``, and every
+DESIGN.md: keys are built only in rstreamer/wire/keys.py, under ``rstreamer:{prefix}:``, and every
 key that is not a stream of work has a TTL. A key without one (a reply nobody pops, a lost
 heartbeat hash) would stay in Redis forever.
 """

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rstreamer.connection import create_redis
-from rstreamer.keys import Keys
-from rstreamer.liveness import read_workers
-from rstreamer.tools.processes import stop_group
+from rstreamer.broker.connection import create_redis
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
+from rstreamer_tools.processes import stop_group
 from support.polling import wait_until
 
 __all__ = ["ROOT", "TESTS", "WorkerProcesses", "live_pids", "test_env", "wait_for_workers", "wait_until"]

@@ -14,7 +14,7 @@ def main() -> None:
     logging.basicConfig(level=spec.get("log_level", "WARNING"), format="%(asctime)s worker %(levelname)s %(message)s")
     settings = WorkerSettings(**spec.get("settings", {}))
     if spec.get("supervised"):
-        from rstreamer.supervisor import Supervisor, WorkerSpec
+        from rstreamer.worker.supervisor import Supervisor, WorkerSpec
 
         batching = settings.replace(batch_size=spec.get("batch_size", 16), max_latency=spec.get("max_latency", 0.02))
         worker_spec = WorkerSpec(spec["model"], spec["url"], spec["prefix"], init_kwargs=spec.get("init_kwargs"),

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rstreamer.embedded import find_server_binary, free_port
+from rstreamer.broker.embedded import find_server_binary, free_port
 from support.polling import wait_until
 
 __all__ = ["ServerProcess", "free_port"]

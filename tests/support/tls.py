@@ -9,7 +9,7 @@ from urllib.parse import quote, urlencode
 
 import redis
 
-from rstreamer.embedded import find_server_binary
+from rstreamer.broker.embedded import find_server_binary
 from support.servers import ServerProcess
 
 USER, PASSWORD = "rstreamer", "tls-Pa55:w/rd"

@@ -6,7 +6,7 @@ import decimal
 import math
 from typing import Any
 
-from rstreamer.codec import packb, unpackb
+from rstreamer.codec.core import packb, unpackb
 
 
 def roundtrip(value: Any) -> Any:

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rstreamer.embedded import free_port
-from rstreamer.tools.processes import stop_group
+from rstreamer.broker.embedded import free_port
+from rstreamer_tools.processes import stop_group
 from support.procs import ROOT, test_env, wait_until
 
 BIN = Path(sys.executable).parent

@@ -8,7 +8,7 @@ import math
 import pytest
 from test_batching import FakeClock, ScriptedSource
 
-from rstreamer.batching import BatchHint, BatchPolicy, BatchStats, answer_batch, collect_batch
+from rstreamer.batching.batcher import BatchHint, BatchPolicy, BatchStats, answer_batch, collect_batch
 from rstreamer.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.batching and the queue ItemSource: batch closing, isolation of failing
+"""Unit tests of rstreamer.batching.batcher and the queue ItemSource: batch closing, isolation of failing
 items, deadlines and stats (fake source and clock, no Redis)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rstreamer.batching import (
+from rstreamer.batching.batcher import (
     EXPIRED,
     BatchPolicy,
     BatchStats,

@@ -10,8 +10,8 @@ from argparse import Namespace
 import pytest
 
 from rstreamer.local import ThreadedStreamer
-from rstreamer.tools import bench
-from rstreamer.tools.bench import MODELS, Result, Target
+from rstreamer_tools import bench
+from rstreamer_tools.bench import MODELS, Result, Target
 from workers.echo import echo_predict
 
 

@@ -1,7 +1,7 @@
 """rstreamer bench jobs: targets and table on fake numbers, argument parsing (no timing assertions)."""
 from __future__ import annotations
 
-from rstreamer.tools.bench_jobs import Phase, format_result, parse_args, reference_points
+from rstreamer_tools.bench_jobs import Phase, format_result, parse_args, reference_points
 from workers.timed import TimedEchoModel
 
 

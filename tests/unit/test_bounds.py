@@ -8,21 +8,13 @@ import re
 
 import pytest
 
-from rstreamer import lua
 from rstreamer.errors import ConfigError
-from rstreamer.job_sink import Place, place_of
-from rstreamer.jobs import JobInfo, JobState, Progress, parse_info, ttl_ms
-from rstreamer.keys import Keys
-from rstreamer.messages import (
-    MAX_DURATION_MS,
-    MAX_JOB_TTL,
-    MAX_TIMEOUT,
-    MalformedEntry,
-    check_timeout,
-    parse_request,
-    reply_ttl_ms,
-)
-from rstreamer.settings import ClientSettings, JobSettings
+from rstreamer.jobs.sink import Place, place_of
+from rstreamer.jobs.sync import JobInfo, JobState, Progress, parse_info, ttl_ms
+from rstreamer.settings import MAX_JOB_TTL, MAX_TIMEOUT, ClientSettings, JobSettings, check_timeout
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import MAX_DURATION_MS, MalformedEntry, parse_request, reply_ttl_ms
+from rstreamer.wire.scripts import source
 from webapp import protocol
 from webapp.jobs import parse_job_request
 from webapp.sse import parse_generate
@@ -31,7 +23,7 @@ HUGE = [1e15, 1e18, math.inf, math.nan, -1.0, 0, True, "10"]
 
 
 def test_the_scripts_bound_is_the_python_one_and_exceeds_every_client_limit():
-    (number,) = re.findall(r"local MAX_MS = (\d+)", lua.ENQUEUE_CALLS)
+    (number,) = re.findall(r"local MAX_MS = (\d+)", source("enqueue_calls"))
     assert int(number) == MAX_DURATION_MS
     assert MAX_TIMEOUT * 1000 < MAX_DURATION_MS and MAX_JOB_TTL * 1000 < MAX_DURATION_MS
     # What a script computes from it (the server's ms plus a duration) stays an integer that Lua

@@ -1,13 +1,13 @@
-"""Unit tests of rstreamer.chunks: chunk messages and what a streaming caller sees of them,
+"""Unit tests of rstreamer.wire.chunks: chunk messages and what a streaming caller sees of them,
 restarts included (no Redis)."""
 from __future__ import annotations
 
 import pytest
 
-from rstreamer.batching import Failure, Outcome
-from rstreamer.chunks import ChunkReader, Restarted, pack_chunks
+from rstreamer.batching.batcher import Failure, Outcome
 from rstreamer.errors import DeadLettered, DecodeError, RemoteError, StreamerTimeout
-from rstreamer.messages import pack_results
+from rstreamer.wire.chunks import ChunkReader, Restarted, pack_chunks
+from rstreamer.wire.messages import pack_results
 
 
 def test_chunks_in_order_then_the_end() -> None:

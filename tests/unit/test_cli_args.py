@@ -9,7 +9,7 @@ import pytest
 
 from rstreamer import cli
 from rstreamer.errors import ConfigError
-from rstreamer.placement import child_environment, per_gpu
+from rstreamer.worker.placement import child_environment, per_gpu
 
 BASE = ["--prefix", "p", "support.models:Doubler"]
 
@@ -147,11 +147,11 @@ def test_rstreamer_dispatch(capsys, monkeypatch):
             calls.append(argv)
             return 0
 
-    monkeypatch.setitem(sys.modules, "rstreamer.tools.bench", FakeBench)
+    monkeypatch.setitem(sys.modules, "rstreamer_tools.bench", FakeBench)
     assert cli.bench_main(["--x"]) == 0 and calls == [["--x"]]
 
 
 def test_bench_missing_is_a_clear_error(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "rstreamer.tools.bench", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "rstreamer_tools.bench", None)  # import raises ImportError
     assert cli.bench_main([]) == 2
     assert "rstreamer bench: not available" in capsys.readouterr().err

@@ -1,9 +1,9 @@
-"""Unit tests of rstreamer.clock.ServerClock (no Redis)."""
+"""Unit tests of rstreamer.broker.clock.ServerClock (no Redis)."""
 from __future__ import annotations
 
 import pytest
 
-from rstreamer.clock import ServerClock
+from rstreamer.broker.clock import ServerClock
 
 
 def test_reads_the_wall_clock_until_it_has_seen_the_server():

@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.codec: round-trips, refusals, and hostile input (no Redis)."""
+"""Unit tests of rstreamer.codec.core: round-trips, refusals, and hostile input (no Redis)."""
 from __future__ import annotations
 
 import math
@@ -13,8 +13,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from rstreamer import codec
-from rstreamer.codec import DEFAULT_MAX_BYTES, EXT_NDARRAY, EXT_TENSOR, packb, unpackb
+from rstreamer.codec import core as codec
+from rstreamer.codec.core import DEFAULT_MAX_BYTES, EXT_NDARRAY, EXT_TENSOR, packb, unpackb
 from rstreamer.errors import CodecError, DecodeError, EncodeError
 from support.values import assert_same, roundtrip
 
@@ -170,7 +170,7 @@ def test_error_classes():
 def test_plain_values_import_neither_numpy_nor_torch():
     # A web process must be able to encode and decode without numpy or torch installed.
     script = (
-        "import sys; from rstreamer.codec import packb, unpackb;"
+        "import sys; from rstreamer.codec.core import packb, unpackb;"
         "assert unpackb(packb({'a': [1, b'x', 2.5]})) == {'a': [1, b'x', 2.5]};"
         "bad = [m for m in ('numpy', 'torch') if m in sys.modules];"
         "assert not bad, bad"
@@ -648,7 +648,7 @@ def test_a_pickle_is_not_a_message():
     assert _UNPICKLED == []
 
 
-@pytest.mark.parametrize("module", ["codec", "codec_arrays", "codec_std"])
+@pytest.mark.parametrize("module", ["core", "arrays", "std"])
 def test_codec_has_no_pickle_import(module):
     source = (pathlib.Path(codec.__file__).parent / f"{module}.py").read_text(encoding="utf-8")
     assert "import pickle" not in source

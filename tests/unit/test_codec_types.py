@@ -16,8 +16,8 @@ import msgpack
 import pytest
 
 import rstreamer
-from rstreamer import codec
-from rstreamer.codec import (
+from rstreamer.codec import core as codec
+from rstreamer.codec.core import (
     EXT_BIGINT,
     EXT_COMPLEX,
     EXT_DATE,
@@ -193,7 +193,7 @@ def test_deep_nesting_does_not_overflow_a_small_thread_stack():
     # unpackb puts ~40 KiB of parse stack on the C stack per call: nested calls crashed a thread
     # with a 256 KiB stack at six levels. Run in a child, as a crash would take pytest down.
     script = (
-        "import threading, msgpack; from rstreamer.codec import unpackb, EXT_TUPLE, MAX_NESTING\n"
+        "import threading, msgpack; from rstreamer.codec.core import unpackb, EXT_TUPLE, MAX_NESTING\n"
         "payload = msgpack.packb([])\n"
         "for _ in range(MAX_NESTING - 1): payload = msgpack.packb([msgpack.ExtType(EXT_TUPLE, payload)])\n"
         "data = msgpack.packb(msgpack.ExtType(EXT_TUPLE, payload))\n"

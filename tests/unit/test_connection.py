@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rstreamer.connection import (
+from rstreamer.broker.connection import (
     BrokerAddress,
     broker_errors,
     create_async_redis,

@@ -7,8 +7,8 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from rstreamer.batching import Batcher, BatchPolicy, collect_costed_batch
-from rstreamer.costing import CostBudget, CostModel, CostWindow
+from rstreamer.batching.batcher import Batcher, BatchPolicy, collect_costed_batch
+from rstreamer.batching.costing import CostBudget, CostModel, CostWindow
 from support.fakes import FakeClock, ListSource
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of cost-aware batching (rstreamer.costing and collect_costed_batch): budgets, padded
+"""Unit tests of cost-aware batching (rstreamer.batching.costing and collect_costed_batch): budgets, padded
 vs sum, length buckets, age beats fit, no starvation, out-of-memory split and the learned cap.
 Fake sources and clocks; no Redis, no threads."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from rstreamer.batching import BatchPolicy, collect_costed_batch, predict_isolated
-from rstreamer.costing import CostBudget, CostCap, CostModel, CostWindow, OomGuard, batch_cost, item_cost
+from rstreamer.batching.batcher import BatchPolicy, collect_costed_batch, predict_isolated
+from rstreamer.batching.costing import CostBudget, CostCap, CostModel, CostWindow, OomGuard, batch_cost, item_cost
 from rstreamer.errors import ConfigError
 from support.fakes import FakeClock, ListSource
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rstreamer.scheduler import Scheduler
+from rstreamer.batching.scheduler import Scheduler
 from workers.decoder import RequestLevelDecoder, TinyDecoder
 
 SMALL: dict[str, Any] = {"d_model": 64, "layers": 2, "heads": 2, "max_context": 96}

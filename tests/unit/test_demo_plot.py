@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from rstreamer.tools.demo import Sample, figure, throughput_series
+from rstreamer_tools.demo import Sample, figure, throughput_series
 
 
 def samples() -> list[Sample]:

@@ -2,7 +2,7 @@
 
 Every command they run is a console script or gunicorn, every option exists in the worker CLI's
 parser, every RSTREAMER_* variable is read by the code, ports line up, and the KEDA scaler
-watches the stream and group that rstreamer.keys names.
+watches the stream and group that rstreamer.wire.keys names.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from rstreamer.keys import GROUP, Keys
 from rstreamer.settings import ENV_PREFIX, ClientSettings, WorkerSettings
+from rstreamer.wire.keys import GROUP, Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -126,7 +126,7 @@ def test_health_checks_run_the_worker_check():
 
 
 def test_the_model_comes_from_the_environment_and_imports():
-    from rstreamer.model import import_string
+    from rstreamer.model.managed import import_string
 
     for where, env in (("compose", service("worker")["environment"]), ("k8s", configmap_data())):
         model = env["RSTREAMER_MODEL"]

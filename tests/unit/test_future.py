@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.future.Future: first answer wins, errors by index, timeouts (no Redis)."""
+"""Unit tests of rstreamer.client.future.Future: first answer wins, errors by index, timeouts (no Redis)."""
 from __future__ import annotations
 
 import threading
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from rstreamer.batching import Failure, Outcome
+from rstreamer.batching.batcher import Failure, Outcome
+from rstreamer.client.future import Future
 from rstreamer.errors import BatchSizeMismatch, DeadLettered, RemoteError, RStreamerError, StreamerTimeout
-from rstreamer.future import Future
 
 
 def ok(value):

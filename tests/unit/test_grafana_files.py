@@ -16,8 +16,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from rstreamer import metrics
-from rstreamer.worker import WorkerStats
+from rstreamer.ops import metrics
+from rstreamer.worker.records import WorkerStats
 from support.system import debian_tool
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"

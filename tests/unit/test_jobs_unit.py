@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from rstreamer import codec
-from rstreamer.batching import Failure, Outcome
+from rstreamer.batching.batcher import Failure, Outcome
+from rstreamer.codec import core as codec
 from rstreamer.errors import (
     ConfigError,
     DeadLettered,
@@ -14,7 +14,7 @@ from rstreamer.errors import (
     JobTooLarge,
     RemoteError,
 )
-from rstreamer.jobs import (
+from rstreamer.jobs.sync import (
     JobState,
     Progress,
     check_job_id,
@@ -25,15 +25,15 @@ from rstreamer.jobs import (
     new_job_id,
     parse_info,
 )
-from rstreamer.keys import (
+from rstreamer.settings import JobSettings
+from rstreamer.wire.keys import (
     Keys,
     is_answer_token,
     is_reply_token,
     job_of_token,
     job_token,
 )
-from rstreamer.messages import pack_results, parse_request, reply_address
-from rstreamer.settings import JobSettings
+from rstreamer.wire.messages import pack_results, parse_request, reply_address
 
 JOB = "0123456789abcdef0123456789abcdef"
 

@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.keys: the key scheme, prefix validation and reply tokens (no Redis)."""
+"""Unit tests of rstreamer.wire.keys: the key scheme, prefix validation and reply tokens (no Redis)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +7,7 @@ import fnmatch
 import pytest
 
 from rstreamer.errors import ConfigError
-from rstreamer.keys import (
+from rstreamer.wire.keys import (
     DEFAULT_PREFIX,
     GROUP,
     REQUESTS_PATTERN,

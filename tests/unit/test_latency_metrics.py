@@ -6,9 +6,10 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rstreamer import ThreadedStreamer, metrics
-from rstreamer.batching import BatchHint, BatchPolicy, collect_batch
-from rstreamer.hooks import caller_woken, entry_ms
+from rstreamer import ThreadedStreamer
+from rstreamer.batching.batcher import BatchHint, BatchPolicy, collect_batch
+from rstreamer.ops import metrics
+from rstreamer.ops.hooks import caller_woken, entry_ms
 
 
 def value(registry, name, **labels):

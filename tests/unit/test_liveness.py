@@ -1,11 +1,11 @@
-"""Unit tests of the pure heartbeat helpers in rstreamer.liveness (no Redis)."""
+"""Unit tests of the pure heartbeat helpers in rstreamer.worker.liveness (no Redis)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from rstreamer.liveness import live_workers, parse_workers, server_time_ms
+from rstreamer.wire.published import live_workers, parse_workers, server_time_ms
 
 
 def beat(seen_ms, **extra) -> bytes:

@@ -1,14 +1,14 @@
-"""Unit tests of rstreamer.messages: request entries and reply messages (no Redis)."""
+"""Unit tests of rstreamer.wire.messages: request entries and reply messages (no Redis)."""
 from __future__ import annotations
 
 import msgpack
 import numpy as np
 import pytest
 
-from rstreamer import codec
-from rstreamer.batching import Failure, Outcome
+from rstreamer.batching.batcher import Failure, Outcome
+from rstreamer.codec import core as codec
 from rstreamer.errors import DecodeError
-from rstreamer.messages import (
+from rstreamer.wire.messages import (
     DEADLINE,
     INDEX,
     PAYLOAD,
@@ -25,7 +25,7 @@ from rstreamer.messages import (
     reply_version,
     unpack_results,
 )
-from rstreamer.messages import pack_results as pack_messages
+from rstreamer.wire.messages import pack_results as pack_messages
 
 MAX = 1024 * 1024
 
@@ -296,7 +296,7 @@ def test_a_reply_lives_until_its_last_callers_deadline_and_at_least_the_floor():
 
 
 def test_enqueue_args_carry_each_calls_remaining_timeout_and_wall_deadline():
-    from rstreamer.messages import QueueLimits, enqueue_args
+    from rstreamer.wire.messages import QueueLimits, enqueue_args
 
     args = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1",
                         [([b"a", b"b"], 105.5, 0, None), ([b"c"], 100.0 - 1, 2, "acme"), ([b"d"], 101.0, 0, "acme")],
@@ -306,8 +306,8 @@ def test_enqueue_args_carry_each_calls_remaining_timeout_and_wall_deadline():
 
 
 def test_enqueue_keys_are_the_levels_then_the_level_keys_up_to_the_highest_priority():
-    from rstreamer.keys import Keys
-    from rstreamer.messages import enqueue_keys
+    from rstreamer.wire.keys import Keys
+    from rstreamer.wire.messages import enqueue_keys
 
     keys = Keys("p")
     assert enqueue_keys(keys, [0, 0]) == [keys.levels, keys.quotas, *keys.level_keys(0)]
@@ -329,7 +329,7 @@ def test_enqueue_keys_are_the_levels_then_the_level_keys_up_to_the_highest_prior
 ])
 def test_a_refusal_says_why(verdict, priority, words):
     from rstreamer.errors import InvalidPriority, Overloaded, RateLimited
-    from rstreamer.messages import Admission, QueueLimits
+    from rstreamer.wire.messages import Admission, QueueLimits
 
     admission = Admission.parse([2, 0, 0, 0, *verdict, b"1-0", b"1-1"])
     assert admission.verdicts[0].added and not admission.verdicts[1].added
@@ -346,9 +346,9 @@ def test_a_version_1_reply_carries_the_values_a_version_1_client_can_decode():
     lists, arrays as before, and a value it cannot decode fails alone instead of the message."""
     import numpy as np
 
-    from rstreamer import codec
-    from rstreamer.batching import Outcome
-    from rstreamer.messages import PREVIOUS_VERSION, pack_results
+    from rstreamer.batching.batcher import Outcome
+    from rstreamer.codec import core as codec
+    from rstreamer.wire.messages import PREVIOUS_VERSION, pack_results
 
     [message] = pack_results([(0, Outcome(True, value=(1, 2, {3}))), (1, Outcome(True, value=np.arange(2))),
                               (2, Outcome(True, value=2**70))], version=PREVIOUS_VERSION)

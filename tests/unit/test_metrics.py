@@ -7,12 +7,12 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rstreamer import metrics
-from rstreamer.embedded import free_port
+from rstreamer.broker.embedded import free_port
 from rstreamer.errors import BrokerUnavailable, DeadLettered, EncodeError, Overloaded, RemoteError, StreamerTimeout
-from rstreamer.status import Snapshot, format_all_prefixes, format_prefix_status, throughput, worker_rows
-from rstreamer.supervisor import StatsSummary
-from rstreamer.worker import WorkerStats
+from rstreamer.ops import metrics
+from rstreamer.ops.status import Snapshot, format_all_prefixes, format_prefix_status, throughput, worker_rows
+from rstreamer.worker.records import WorkerStats
+from rstreamer.worker.supervisor import StatsSummary
 
 
 def value(registry, name, **labels):
@@ -152,7 +152,7 @@ def test_stats_summary_logs_the_interval(caplog):
     stats = WorkerStats()
     summary = StatsSummary("host:1:ab", stats, interval=10)
     stats.batches, stats.items = 4, 40
-    with caplog.at_level(logging.DEBUG, logger="rstreamer.supervisor"):
+    with caplog.at_level(logging.DEBUG, logger="rstreamer.worker.supervisor"):
         summary.report()
         summary.report()  # idle interval: debug only
     busy, idle = caplog.records

@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.model: import strings, model references and predictor loading (no Redis)."""
+"""Unit tests of rstreamer.model.managed: import strings, model references and predictor loading (no Redis)."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +9,7 @@ import os.path
 import pytest
 
 from rstreamer.errors import ConfigError
-from rstreamer.model import ManagedModel, import_string, load_predictor, model_ref
+from rstreamer.model.managed import ManagedModel, import_string, load_predictor, model_ref
 
 
 class RecordingModel(ManagedModel):

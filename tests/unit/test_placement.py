@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.placement: which GPU each worker slot gets (no Redis)."""
+"""Unit tests of rstreamer.worker.placement: which GPU each worker slot gets (no Redis)."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from rstreamer.errors import ConfigError
-from rstreamer.placement import parse_gpus, per_gpu, pin_process_to, round_robin
+from rstreamer.worker.placement import parse_gpus, per_gpu, pin_process_to, round_robin
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_pin_process_to_sets_cuda_visible_devices_only_for_a_gpu(monkeypatch):
 
 
 def test_missing_gpus_are_the_ids_beyond_what_torch_sees():
-    from rstreamer.placement import missing_gpus
+    from rstreamer.worker.placement import missing_gpus
 
     assert missing_gpus([0, 7, None, 1, 7], 2) == [7]
     assert missing_gpus([0, 1], 0) == [0, 1]

@@ -1,4 +1,4 @@
-"""rstreamer.preflight.check_model_name: a misspelt class is found from the source, without importing it."""
+"""rstreamer.worker.preflight.check_model_name: a misspelt class is found from the source, without importing it."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from rstreamer.errors import ConfigError
-from rstreamer.preflight import check_model_name
+from rstreamer.worker.preflight import check_model_name
 
 
 @pytest.fixture

@@ -1,18 +1,18 @@
-"""Unit tests of rstreamer.priority: level settings and the deficit round robin policy (no Redis)."""
+"""Unit tests of rstreamer.batching.priority: level settings and the deficit round robin policy (no Redis)."""
 from __future__ import annotations
 
 from collections import deque
 
 import pytest
 
-from rstreamer.errors import ConfigError
-from rstreamer.priority import (
+from rstreamer.batching.priority import (
     MAX_LEVELS,
     DeficitScheduler,
     Levels,
     check_priority,
     simulate_read,
 )
+from rstreamer.errors import ConfigError
 from rstreamer.settings import WorkerSettings
 
 

@@ -1,10 +1,10 @@
-"""Unit tests of rstreamer.quotas: tenant names, quota settings and what the workers publish."""
+"""Unit tests of rstreamer.batching.quotas: tenant names, quota settings and what the workers publish."""
 from __future__ import annotations
 
 import pytest
 
+from rstreamer.batching.quotas import Quota, Quotas, check_tenant
 from rstreamer.errors import ConfigError, RateLimited
-from rstreamer.quotas import Quota, Quotas, check_tenant
 from rstreamer.settings import WorkerSettings
 
 

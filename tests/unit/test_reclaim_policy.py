@@ -1,9 +1,9 @@
-"""Unit tests of the pure delivery-count policy in rstreamer.reclaim (no Redis)."""
+"""Unit tests of the pure delivery-count policy in rstreamer.worker.reclaim (no Redis)."""
 from __future__ import annotations
 
 import pytest
 
-from rstreamer.reclaim import PendingEntry, ReclaimPlan, plan_reclaim
+from rstreamer.worker.reclaim import PendingEntry, ReclaimPlan, plan_reclaim
 
 
 def pending(*deliveries: int) -> list[PendingEntry]:

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 import fakeredis
 import pytest
 
-from rstreamer import codec, deadletters, status
-from rstreamer.deadletters import FIELD_PREFIX
-from rstreamer.keys import Keys
-from rstreamer.messages import DEADLINE, PAYLOAD, REMAINING
+from rstreamer.codec import core as codec
+from rstreamer.ops import deadletters, status
+from rstreamer.ops.deadletters import FIELD_PREFIX
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import DEADLINE, PAYLOAD, REMAINING
 
 
 @pytest.fixture

@@ -1,13 +1,13 @@
-"""rstreamer.replies: one undecodable answer in a reply message costs only its own item."""
+"""rstreamer.wire.replies: one undecodable answer in a reply message costs only its own item."""
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from rstreamer.batching import Outcome
+from rstreamer.batching.batcher import Outcome
 from rstreamer.errors import RemoteError
-from rstreamer.messages import pack_results, unpack_results
-from rstreamer.replies import UndecodableReply, decode_reply, undecodable
+from rstreamer.wire.messages import pack_results, unpack_results
+from rstreamer.wire.replies import UndecodableReply, decode_reply, undecodable
 
 
 def values(results):

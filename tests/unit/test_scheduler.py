@@ -1,4 +1,4 @@
-"""Unit tests of rstreamer.scheduler (continuous batching) with a scripted model, no Redis:
+"""Unit tests of rstreamer.batching.scheduler (continuous batching) with a scripted model, no Redis:
 admission between steps up to max_active and the cost budget, removal of finished, cancelled
 and expired items at once, chunk numbering, and model failures."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from rstreamer.batching.scheduler import Scheduler
 from rstreamer.errors import ConfigError
-from rstreamer.generative import GenerativeModel, Step, join_chunks
-from rstreamer.scheduler import Scheduler
+from rstreamer.model.generative import GenerativeModel, Step, join_chunks
 
 
 class Counter(GenerativeModel):

@@ -1,5 +1,5 @@
 """Unit tests of rstreamer.settings (defaults, RSTREAMER_* overrides, validation) and of broker-URL
-parsing in rstreamer.connection (no Redis)."""
+parsing in rstreamer.broker.connection (no Redis)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from rstreamer.connection import normalize_broker_url, redacted
+from rstreamer.broker.connection import normalize_broker_url, redacted
 from rstreamer.errors import ConfigError
 from rstreamer.settings import DEFAULT_REDIS_URL, REDIS_URL_ENV, ClientSettings, WorkerSettings, redis_url_from_env
 

@@ -1,0 +1,309 @@
+"""Streamed calls on the client side: ``for chunk in streamer.stream(item)`` and its async twin.
+
+A stream marks its call as streamed in the call's control key (with a TTL), enqueues its one
+item like any call (same admission: Overloaded when the queue is full, InvalidPriority for a
+level no worker serves, RateLimited over the tenant's quota; the item goes to its priority
+level's stream), then pops the call's reply list: each message brings the next chunks (see
+:mod:`rstreamer.wire.chunks`). Leaving early (``break``, ``close()``, the ``with`` block, an error in
+the caller's loop) marks the call cancelled, so the worker drops the sequence before its next
+step, withdraws the item from its level's stream if no worker has read it yet (the CANCEL
+script of :mod:`rstreamer.wire.cancel`), and deletes what was pushed.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ..broker.connection import RedisClient, blpop_block, retry_pause
+from ..errors import BrokerUnavailable, RStreamerError, StreamerTimeout
+from ..wire.cancel import cancel_args
+from ..wire.chunks import CANCELLED, STREAMED, ChunkReader
+from ..wire.messages import REPLY_GRACE
+from ..wire.scripts import ScriptArgs, scripts
+from .core import Call, CallFactory, call_errors
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis as AsyncRedis
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+POP_COUNT = 256
+"""Most chunk messages one pop takes."""
+
+
+class _StreamState:
+    """What the sync and async streams share: the call, its keys, the reader and the buffer."""
+
+    def __init__(self, calls: CallFactory, item: Any, timeout: float | None, priority: int,
+                 tenant: str | None) -> None:
+        self.call: Call = calls.new_call([item], timeout, priority, tenant)
+        self.calls = calls
+        self.control_key = calls.keys.stream_control(self.call.token)
+        self.reader = ChunkReader(calls.settings.max_item_bytes)
+        self.buffer: collections.deque[Any] = collections.deque()
+        self.error: BaseException | None = None
+        self.started = False
+        self.closed = False
+        self.failures = 0
+        self.entry_id: bytes | None = None  # the item's entry in its level's stream, once enqueued
+
+    @property
+    def control_ttl_ms(self) -> int:
+        return int((self.call.timeout + REPLY_GRACE) * 1000)
+
+    def enqueue_args(self) -> ScriptArgs:
+        return self.calls.enqueue_args(self.call)
+
+    def enqueued(self, reply: Any) -> None:
+        """Check the ENQUEUE_CALLS reply (raises when refused) and keep the item's entry id."""
+        admission = self.calls.check_enqueued(reply, self.call)
+        self.entry_id = admission.ids[0] if admission.ids else None
+
+    def queue_close(self, pipe: Any) -> None:
+        """Queue on ``pipe`` (sync or async) what leaving the stream writes: the call marked
+        cancelled unless its answer ended (then its control key goes), and its reply list deleted."""
+        if not self.reader.done:
+            pipe.set(self.control_key, CANCELLED, px=self.control_ttl_ms)
+        else:
+            pipe.delete(self.control_key)
+        pipe.delete(self.call.reply_key)
+
+    def withdraw_args(self) -> ScriptArgs | None:
+        """Arguments of the CANCEL script that withdraws the item from its level's stream (an
+        item no worker has read yet is deleted, never started), or None when there is nothing to
+        withdraw (the answer ended, or it was never enqueued)."""
+        if self.reader.done or self.entry_id is None:
+            return None
+        ttl = max(0.0, self.call.expires_at - time.monotonic())
+        return cancel_args(self.calls.keys, self.call.token, self.call.priority, [(self.entry_id, 0)], ttl,
+                           whole=True)
+
+    def take(self, popped: Any) -> None:
+        """The messages of one BLMPOP reply ``[key, [message, ...]]``, in order."""
+        for data in popped[1]:
+            if self.reader.done:
+                break  # nothing follows the end
+            chunks, error = self.reader.feed(data)
+            self.buffer.extend(chunks)
+            self.error = error
+
+    def next_ready(self) -> tuple[bool, Any]:
+        """``(True, chunk)`` when a chunk can be returned now; raises at the end or on an error."""
+        if self.buffer:
+            return True, self.buffer.popleft()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        if self.reader.done:
+            raise _End
+        return False, None
+
+    def timed_out(self) -> StreamerTimeout:
+        return StreamerTimeout(f"the stream did not end within its timeout of {self.call.timeout}s "
+                               f"({self.reader.next_seq} chunks received)")
+
+    def broker_failed(self, exc: BrokerUnavailable) -> float:
+        """Seconds to wait before popping again; raises when the retries are spent."""
+        self.failures += 1
+        pause = retry_pause(self.failures, self.call.expires_at)
+        if pause is None:
+            raise exc
+        return pause
+
+
+class _End(Exception):
+    """The stream ended normally."""
+
+
+class ChunkStream:
+    """The chunks of one streamed call, in order (an iterator; see ``RedisStreamer.stream``).
+
+    ``close()`` (or leaving a ``with`` block, or dropping the iterator) cancels the generation
+    on the worker if it has not ended.
+    """
+
+    def __init__(self, client: RedisClient, calls: CallFactory, item: Any, timeout: float | None,
+                 priority: int = 0, tenant: str | None = None) -> None:
+        self._redis = client
+        self._state = _StreamState(calls, item, timeout, priority, tenant)
+        self._enqueue()
+
+    def _enqueue(self) -> None:
+        state = self._state
+        with call_errors(self._redis_url):
+            # Marked first: the worker reads the mark when it takes the item.
+            self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
+            script = scripts(self._redis).enqueue_calls
+            try:
+                state.enqueued(script(**state.enqueue_args()))
+            except RStreamerError:
+                self._redis.delete(state.control_key)
+                raise
+        state.started = True
+
+    @property
+    def _redis_url(self) -> str:
+        return self._state.calls.url
+
+    def __iter__(self) -> ChunkStream:
+        return self
+
+    def __next__(self) -> Any:
+        state = self._state
+        try:
+            while True:
+                ready, chunk = state.next_ready()
+                if ready:
+                    return chunk
+                self._pop()
+        except _End:
+            self.close()
+            raise StopIteration from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _pop(self) -> None:
+        state = self._state
+        block = blpop_block(state.call.expires_at)
+        if block is None:
+            raise state.timed_out()
+        try:
+            with call_errors(self._redis_url):
+                # Every message waiting in one pop: a slow reader catches up in one round trip.
+                popped = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
+        except BrokerUnavailable as exc:
+            time.sleep(state.broker_failed(exc))
+            return
+        state.failures = 0
+        if popped:
+            state.take(popped)
+
+    def close(self) -> None:
+        """Stop: cancel the generation unless it ended, and drop its reply list."""
+        state = self._state
+        if state.closed or not state.started:
+            return
+        state.closed = True
+        with contextlib.suppress(redis.RedisError, BrokerUnavailable):
+            pipe = self._redis.pipeline(transaction=False)
+            state.queue_close(pipe)
+            pipe.execute()
+            withdraw = state.withdraw_args()
+            if withdraw is not None:
+                scripts(self._redis).cancel(**withdraw)
+
+    def __enter__(self) -> ChunkStream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A loop left with break drops the iterator: that is leaving early, too.
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class AsyncChunkStream:
+    """The chunks of one streamed call for asyncio: ``async for chunk in astreamer.stream(item)``.
+
+    The item is enqueued at the first ``__anext__`` (or ``async with``). ``await aclose()``
+    (or leaving an ``async with`` block) cancels the generation if it has not ended; a stream
+    dropped unclosed inside a running loop is cancelled by a task.
+    """
+
+    def __init__(self, client: AsyncRedis | AsyncRedisCluster, calls: CallFactory, item: Any,
+                 timeout: float | None, priority: int = 0, tenant: str | None = None) -> None:
+        self._redis = client
+        self._state = _StreamState(calls, item, timeout, priority, tenant)
+
+    async def _enqueue(self) -> None:
+        state = self._state
+        with call_errors(state.calls.url):
+            await self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
+            script = scripts(self._redis).enqueue_calls
+            state.started = True  # from here, leaving cancels
+            reply = await script(**state.enqueue_args())
+            try:
+                state.enqueued(reply)
+            except RStreamerError:  # refused: nothing was enqueued, so nothing to cancel
+                state.started = False
+                with contextlib.suppress(redis.RedisError):
+                    await self._redis.delete(state.control_key)
+                raise
+
+    def __aiter__(self) -> AsyncChunkStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        state = self._state
+        try:
+            if not state.started:
+                await self._enqueue()
+            while True:
+                ready, chunk = state.next_ready()
+                if ready:
+                    return chunk
+                await self._pop()
+        except _End:
+            await self.aclose()
+            raise StopAsyncIteration from None
+        except BaseException:
+            await asyncio.shield(self.aclose())
+            raise
+
+    async def _pop(self) -> None:
+        state = self._state
+        block = blpop_block(state.call.expires_at)
+        if block is None:
+            raise state.timed_out()
+        try:
+            with call_errors(state.calls.url):
+                # The socket timeout bounds a stalled server; wait_for bounds this caller.
+                pop = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
+                popped = await asyncio.wait_for(pop, block + 2.0)
+        except (BrokerUnavailable, asyncio.TimeoutError) as exc:
+            error = exc if isinstance(exc, BrokerUnavailable) else BrokerUnavailable(f"Redis did not answer: {exc}")
+            await asyncio.sleep(state.broker_failed(error))
+            return
+        state.failures = 0
+        if popped:
+            state.take(popped)
+
+    async def aclose(self) -> None:
+        """Stop: cancel the generation unless it ended, and drop its reply list."""
+        state = self._state
+        if state.closed or not state.started:
+            return
+        state.closed = True
+        with contextlib.suppress(redis.RedisError, BrokerUnavailable):
+            pipe = self._redis.pipeline(transaction=False)
+            state.queue_close(pipe)
+            await pipe.execute()
+            withdraw = state.withdraw_args()
+            if withdraw is not None:
+                await scripts(self._redis).cancel(**withdraw)
+
+    async def __aenter__(self) -> AsyncChunkStream:
+        if not self._state.started:
+            await self._enqueue()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        state = self._state
+        if state.closed or not state.started:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: the control key's TTL ends it
+            loop = asyncio.get_running_loop()
+            loop.create_task(self.aclose())

@@ -1,0 +1,114 @@
+"""The dashboard's view of Redis: one sample of every prefix per interval, and their recent history.
+
+It reads through :mod:`rstreamer.ops.status` (the same snapshots as ``rstreamer status``) from one
+thread of its own, so a page load never waits on Redis and many open pages cost Redis nothing
+more. The history (for the sparklines) lives in this process only: restarting the dashboard
+starts the curves afresh, and Redis holds no dashboard keys.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import deque
+from typing import Any
+
+import redis
+
+from ...broker.connection import RedisClient
+from ...wire.keys import Keys
+from .. import status
+from ..deadletters import as_json, read_dead_letters
+
+logger = logging.getLogger(__name__)
+
+RATE_WINDOW = 2.0
+SERIES = ("queue_length", "oldest_wait_s", "items_per_s")
+
+
+class Sampler:
+    """Samples every prefix (or the given ones) every ``interval`` seconds, keeping ``window`` seconds."""
+
+    def __init__(self, client: RedisClient, dead_after: float, interval: float = 1.0, window: float = 300.0,
+                 prefixes: list[str] | None = None, dead_letters_shown: int = 20) -> None:
+        self.client = client
+        self.dead_after = dead_after
+        self.interval = interval
+        self._fixed = [Keys(p).prefix for p in prefixes] if prefixes else None
+        self._points = max(2, int(window / interval))
+        self._dead_shown = dead_letters_shown
+        self._history: dict[str, dict[str, deque[float]]] = {}
+        # Rates span at least RATE_WINDOW s: heartbeats (0.5 s) are coarser than a fast sampling interval.
+        self._recent: dict[str, deque[status.Snapshot]] = {}
+        self._rate_points = max(2, math.ceil(RATE_WINDOW / interval) + 1)
+        self._state: dict[str, Any] = {"now_ms": 0, "prefixes": [], "error": "not sampled yet"}
+        self._lock = threading.Lock()
+        self._sampling = threading.Lock()  # the thread and an action's refresh both sample
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dashboard-sampler", daemon=True)
+
+    def start(self) -> Sampler:
+        """Take a first sample now, then one every ``interval`` seconds in a daemon thread."""
+        self.sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling (waits for the sample in flight)."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
+
+    def state(self) -> dict[str, Any]:
+        """The latest sample, with history (a new dict each call: safe to serialise)."""
+        with self._lock:
+            return dict(self._state)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        """Read Redis once; on a Redis error keep the last state and report the error."""
+        with self._sampling:
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            prefixes = self._fixed or status.list_prefixes(self.client)
+            snapshots = status.take_snapshots(self.client, prefixes)
+            state: dict[str, Any] = {"now_ms": 0, "prefixes": [self._prefix(s) for s in snapshots], "error": None}
+            state["now_ms"] = max((p["now_ms"] for p in state["prefixes"]), default=0)
+        except redis.RedisError as exc:
+            logger.warning("dashboard: cannot read Redis: %s", exc)
+            with self._lock:
+                self._state = {**self._state, "error": f"Redis: {exc}"}
+            return
+        with self._lock:
+            self._state = state
+
+    def _prefix(self, snapshot: status.Snapshot) -> dict[str, Any]:
+        keys = Keys(snapshot.prefix)
+        recent = self._recent.setdefault(snapshot.prefix, deque(maxlen=self._rate_points))
+        recent.append(snapshot)
+        before = recent[0]
+        oldest = status.oldest_waiting_ms(self.client, keys)
+        row = {
+            "prefix": snapshot.prefix, "now_ms": snapshot.now_ms, "queue_length": snapshot.queue_length,
+            "pending": snapshot.pending, "dead_letters": snapshot.dead_letters,
+            "oldest_wait_s": round(max(0, snapshot.now_ms - oldest) / 1000, 3) if oldest is not None else 0.0,
+            "levels": status.level_rows(snapshot),
+            "throughput": status.throughput(before, snapshot, self.dead_after),
+            "workers": status.worker_rows(snapshot, self.dead_after),
+            "dead": [as_json(letter) for letter in read_dead_letters(self.client, keys, self._dead_shown)],
+        }
+        row["history"] = self._remember(snapshot.prefix, snapshot.now_ms, row)
+        return row
+
+    def _remember(self, prefix: str, now_ms: int, row: dict[str, Any]) -> dict[str, list[float]]:
+        series = self._history.setdefault(prefix, {name: deque(maxlen=self._points) for name in ("t", *SERIES)})
+        point = {"t": now_ms / 1000, "queue_length": row["queue_length"], "oldest_wait_s": row["oldest_wait_s"],
+                 "items_per_s": row["throughput"]["items_per_s"]}
+        for name, value in point.items():
+            series[name].append(float(value))
+        return {name: list(points) for name, points in series.items()}

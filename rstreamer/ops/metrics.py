@@ -1,0 +1,296 @@
+"""Prometheus metrics (prometheus-client): worker side and client side.
+
+Worker side: :class:`WorkerMetrics` is built by each worker process (``rstreamer-worker
+--metrics-port``); its counters are read from the worker's own ``stats`` at scrape time, and
+its histograms are fed by the worker's per-batch ``observe`` callback.
+
+Client side: a web app wraps its calls with :func:`instrumented_predict` (or
+``client_metrics().track(...)`` around any call, async ones included) and exposes the default
+registry the usual way (``prometheus_client.make_wsgi_app()``).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..batching.batcher import BatchStats
+from ..errors import (
+    BrokerUnavailable,
+    Cancelled,
+    CodecError,
+    Overloaded,
+    RateLimited,
+    RemoteError,
+    StreamerTimeout,
+)
+from .hooks import Entry, WorkerHooks, entry_ms, observing_wakeup
+
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+WAKEUP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+CLOSE_REASONS = ("full", "cost_budget", "latency", "queue_empty")
+"""Why a batch closed (a bounded label): ``cost_budget`` is the cost lane's, the rest the policy's."""
+
+# stats attribute -> (counter name without _total, help)
+WORKER_COUNTERS = {
+    "items": ("rstreamer_worker_items", "Items the model ran (answered or failed)."),
+    "batches": ("rstreamer_worker_batches", "Batches the model ran."),
+    "errors": ("rstreamer_worker_errors", "Items whose prediction failed (model error or wrong output count)."),
+    "expired": ("rstreamer_worker_expired", "Items not run because their deadline had passed."),
+    "reclaimed": ("rstreamer_worker_reclaimed", "Entries taken over from dead workers."),
+    "dead_lettered": ("rstreamer_worker_dead_lettered", "Entries moved to the dead-letter stream."),
+}
+
+
+class StatsCollector(Collector):
+    """Exposes a worker's live ``stats`` counters at scrape time, labelled by prefix."""
+
+    def __init__(self, prefix: str, stats: BatchStats, worker: str = "", gpu: int | None = None) -> None:
+        self.prefix = prefix
+        self.stats = stats
+        self.worker = worker
+        self.gpu = "" if gpu is None else str(gpu)
+
+    def collect(self) -> Iterable[Metric]:
+        """The current values, read when Prometheus scrapes."""
+        for attr, (name, documentation) in WORKER_COUNTERS.items():
+            if hasattr(self.stats, attr):
+                family = CounterMetricFamily(name, documentation, labels=["prefix"])
+                family.add_metric([self.prefix], getattr(self.stats, attr))
+                yield family
+        cap = getattr(self.stats, "cost_cap", None)
+        if cap is not None:
+            gauge = GaugeMetricFamily("rstreamer_worker_cost_cap", "The batch cost this worker learned it can "
+                                      "run without running out of memory.", labels=["prefix"])
+            gauge.add_metric([self.prefix], cap)
+            yield gauge
+        info = GaugeMetricFamily("rstreamer_worker_info", "This worker's consumer name and GPU (value 1).",
+                                 labels=["prefix", "worker", "gpu"])
+        info.add_metric([self.prefix, self.worker, self.gpu], 1)
+        yield info
+
+
+class WorkerMetrics(WorkerHooks):
+    """The metrics of one worker process, in a registry of their own.
+
+    Besides the per-batch ``observe`` callback it implements the worker's hooks: queue wait per
+    item (the entry id's time against the worker's estimate of the Redis server's clock, so no
+    host clock is compared with another), batch fill and close reason, items in flight, and the
+    time from the end of predict to the replies being in Redis.
+    """
+
+    def __init__(self, prefix: str, registry: CollectorRegistry | None = None) -> None:
+        self.prefix = prefix
+        if registry is None:
+            registry = CollectorRegistry()
+            ProcessCollector(registry=registry)
+        self.registry = registry
+        self._batch_size = Histogram("rstreamer_worker_batch_size", "Items per batch.", ["prefix"],
+                                     buckets=BATCH_SIZE_BUCKETS, registry=registry).labels(prefix)
+        self._predict_seconds = Histogram("rstreamer_worker_predict_seconds", "Seconds the model took per batch.",
+                                          ["prefix"], buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
+        self._queue_wait = Histogram("rstreamer_worker_queue_wait_seconds", "Seconds each item waited in the "
+                                     "stream before a worker read it (on the Redis server's clock).", ["prefix"],
+                                     buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
+        self._level_wait = Histogram("rstreamer_worker_level_queue_wait_seconds", "Seconds each item waited in "
+                                     "the stream of its priority level before a worker read it; the _count is "
+                                     "the items each level got.", ["prefix", "level"], buckets=SECONDS_BUCKETS,
+                                     registry=registry)
+        self._fill = Histogram("rstreamer_worker_batch_fill_ratio", "Items per batch divided by batch_size.",
+                               ["prefix"], buckets=FILL_BUCKETS, registry=registry).labels(prefix)
+        closed = Counter("rstreamer_worker_batches_closed", "Batches by why they closed (full, cost_budget, "
+                         "latency, queue_empty).", ["prefix", "reason"], registry=registry)
+        self._closed = {reason: closed.labels(prefix, reason) for reason in CLOSE_REASONS}
+        self._in_flight = Gauge("rstreamer_worker_in_flight_items", "Items of the batch running now.", ["prefix"],
+                                registry=registry).labels(prefix)
+        self._reply_seconds = Histogram("rstreamer_worker_reply_seconds", "Seconds from the end of predict to the "
+                                        "batch's replies and acks being in Redis.", ["prefix"],
+                                        buckets=WAKEUP_BUCKETS, registry=registry).labels(prefix)
+        self._offset_ms = 0.0  # the Redis server's clock minus ours
+        self._predict_end: float | None = None
+        self._server: Any = None
+
+    def observe(self, items: int, seconds: float, failed: int) -> None:
+        """The worker's per-batch callback (``RedisWorker(observe=...)``)."""
+        self._batch_size.observe(items)
+        self._predict_seconds.observe(seconds)
+        self._predict_end = time.perf_counter()
+
+    def server_time(self, server_ms: int) -> None:
+        """Keep the offset of the Redis server's clock, to time queue waits on it."""
+        self._offset_ms = server_ms - time.time() * 1000
+
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
+        """Observe the batch's queue waits (per priority level) and fill, and why it closed."""
+        now_ms = time.time() * 1000 + self._offset_ms
+        for (entry_id, _), level in zip(entries, list(levels) or [0] * len(entries), strict=True):
+            wait = max(0.0, now_ms - entry_ms(entry_id)) / 1000
+            self._queue_wait.observe(wait)
+            self._level_wait.labels(self.prefix, str(level)).observe(wait)
+        self._fill.observe(len(entries) / max(1, batch_size))
+        if closed in self._closed:
+            self._closed[closed].inc()
+        self._in_flight.set(len(entries))
+        self._predict_end = None
+
+    def batch_done(self) -> None:
+        """Observe the time from the end of predict to the replies being in Redis."""
+        self._in_flight.set(0)
+        if self._predict_end is not None:
+            self._reply_seconds.observe(time.perf_counter() - self._predict_end)
+
+    def track(self, stats: BatchStats, worker: str = "", gpu: int | None = None) -> None:
+        """Expose the counters of ``stats`` (a live WorkerStats)."""
+        self.registry.register(StatsCollector(self.prefix, stats, worker, gpu))
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve ``/metrics`` on ``port`` from a daemon thread; raises OSError if the port is taken."""
+        self._server, _ = start_http_server(port, addr, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The ``outcome`` label of a call that raised ``exc``."""
+    for kind, label in ((StreamerTimeout, "timeout"), (Overloaded, "overloaded"), (Cancelled, "cancelled"),
+                        (RateLimited, "rate_limited"),
+                        (BrokerUnavailable, "unavailable"), (RemoteError, "model_error"), (CodecError, "invalid")):
+        if isinstance(exc, kind):
+            return label
+    return "error"
+
+
+class ClientMetrics:
+    """Calls of a web process: a counter by prefix and outcome, items sent, latency of answered calls."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (ok, timeout, overloaded, cancelled, "
+                                "rate_limited, unavailable, model_error, invalid, error).", ["prefix", "outcome"],
+                                registry=registry)
+        self.items = Counter("rstreamer_client_items", "Items sent.", ["prefix"], registry=registry)
+        self.latency = Histogram("rstreamer_client_request_seconds", "Seconds from submit to the last answer "
+                                 "of calls that succeeded.", ["prefix"], buckets=SECONDS_BUCKETS, registry=registry)
+        self.in_flight = Gauge("rstreamer_client_in_flight_items", "Items sent and not yet answered.", ["prefix"],
+                               registry=registry, multiprocess_mode="livesum")
+        self.wakeup = Histogram("rstreamer_client_wakeup_seconds", "Seconds from a call's last answer reaching "
+                                "this process to the caller running again.", ["prefix"], buckets=WAKEUP_BUCKETS,
+                                registry=registry)
+
+    @contextlib.contextmanager
+    def track(self, prefix: str, items: int = 1) -> Iterator[None]:
+        """Count the call made inside the block and time it; exceptions pass through."""
+        started = time.perf_counter()
+        self.items.labels(prefix).inc(items)
+        in_flight = self.in_flight.labels(prefix)
+        in_flight.inc(items)
+        try:
+            with observing_wakeup(self.wakeup.labels(prefix).observe):
+                yield
+        except BaseException as exc:
+            self.requests.labels(prefix, outcome_of(exc)).inc()
+            raise
+        finally:
+            in_flight.dec(items)
+        self.requests.labels(prefix, "ok").inc()
+        self.latency.labels(prefix).observe(time.perf_counter() - started)
+
+    def predict(self, streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:
+        """``streamer.predict(batch, timeout)``, counted and timed."""
+        with self.track(prefix_of(streamer), len(batch)):
+            return list(streamer.predict(batch, timeout=timeout))
+
+
+def prefix_of(streamer: Any) -> str:
+    """The prefix label of a streamer: its Redis prefix, or ``local`` for in-process streamers."""
+    keys = getattr(streamer, "keys", None)
+    return str(getattr(keys, "prefix", None) or "local")
+
+
+_default: ClientMetrics | None = None
+_default_lock = threading.Lock()
+
+
+def client_metrics() -> ClientMetrics:
+    """The process-wide ClientMetrics on prometheus-client's default registry (created once)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = ClientMetrics()
+        return _default
+
+
+class QueueCollector(Collector):
+    """Gauges of every prefix's queue as some process sees it in Redis (``rstreamer dashboard`` does).
+
+    ``read`` returns rows like the dashboard's state: prefix, queue_length, pending, dead_letters,
+    oldest_wait_s and workers. These gauges come from Redis, not from a worker, so "no live
+    worker" can still be reported when every worker is gone.
+    """
+
+    GAUGES = {
+        "queue_length": ("rstreamer_queue_length", "Entries waiting, not yet delivered to a worker."),
+        "pending": ("rstreamer_queue_pending", "Entries delivered to a worker and not yet acked."),
+        "dead_letters": ("rstreamer_queue_dead_letters", "Entries in the dead-letter stream."),
+        "oldest_wait_s": ("rstreamer_queue_oldest_wait_seconds", "Age of the oldest entry not yet delivered "
+                          "(Redis server clock)."),
+        "live_workers": ("rstreamer_queue_live_workers", "Workers whose heartbeat is live."),
+    }
+
+    def __init__(self, read: Callable[[], list[dict[str, Any]]]) -> None:
+        self.read = read
+
+    LEVEL_GAUGES = {
+        "queue_length": ("rstreamer_queue_level_length", "Entries of one priority level waiting, not yet delivered."),
+        "oldest_wait_s": ("rstreamer_queue_level_oldest_wait_seconds", "Age of the oldest entry of one priority "
+                          "level not yet delivered (Redis server clock)."),
+    }
+
+    def collect(self) -> Iterable[Metric]:
+        """The current values, read when Prometheus scrapes."""
+        rows = self.read()
+        for field, (name, documentation) in self.GAUGES.items():
+            family = GaugeMetricFamily(name, documentation, labels=["prefix"])
+            for row in rows:
+                value = len(row["workers"]) if field == "live_workers" else row[field]
+                family.add_metric([row["prefix"]], float(value))
+            yield family
+        for field, (name, documentation) in self.LEVEL_GAUGES.items():
+            family = GaugeMetricFamily(name, documentation, labels=["prefix", "level"])
+            for row in rows:
+                for level in row.get("levels") or []:
+                    family.add_metric([row["prefix"], str(level["level"])], float(level[field]))
+            yield family
+
+
+def instrumented_predict(streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:
+    """``streamer.predict(batch, timeout)`` recorded in :func:`client_metrics`."""
+    return client_metrics().predict(streamer, batch, timeout)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..1) of raw samples; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]

@@ -1,6 +1,0 @@
-"""``python -m rstreamer.tools.dashboard``: the same as ``rstreamer dashboard``."""
-import sys
-
-from . import main
-
-raise SystemExit(main(sys.argv[1:]))

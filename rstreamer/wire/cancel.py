@@ -1,0 +1,29 @@
+"""Cancellation: a caller that is gone withdraws its items, and no worker spends a model call on them.
+
+A caller withdraws its items when its future is cancelled, its call times out, its asyncio task is
+cancelled or its web client disconnects. The CANCEL script (one step, atomic) deletes every
+entry of the call that no worker has read yet, so none of them is ever run, and marks in the
+token's cancellation set (``keys.cancelled``) the indexes of those a worker already holds. A
+worker checks the sets of its batch's tokens just before predict (:func:`cancelled_items`) and
+acks the marked items without running them; items marked after predict started run, but when
+their token was withdrawn whole (``*``) FINISH drops the replies, and the caller's future drops
+any answer that still arrives. Nothing cancelled is ever answered to anybody: replies go to the
+caller's own reply key.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .keys import Keys
+from .messages import REPLY_GRACE
+from .scripts import ScriptArgs
+
+
+def cancel_args(keys: Keys, token: str, level: int, entries: Sequence[tuple[bytes, int]], ttl_s: float,
+                whole: bool) -> ScriptArgs:
+    """Arguments of the CANCEL script for ``entries`` (``(entry id, index)``) of one token."""
+    ttl_ms = max(1, int((ttl_s + REPLY_GRACE) * 1000))
+    return {"keys": [keys.cancelled(token), *keys.level_keys(level)],
+            "args": [keys.group, ttl_ms, int(whole), len(entries), *(e for e, _ in entries), *(i for _, i in entries)]}
+
+

@@ -1,0 +1,116 @@
+-- Admission and enqueue of the calls one client sends under one token (messages.enqueue_args
+-- builds the arguments, messages.Admission reads the reply). KEYS[1] the levels the workers
+-- published (JSON {weights, max_queue}; absent: one level, as before priority levels), KEYS[2]
+-- the tenant quotas they published (JSON {rate, burst, tenants}; absent: no quotas), KEYS[3..2+t]
+-- the token buckets of the t tenants the calls name, then per level 0, 1, ... up to the highest
+-- level among the calls its request stream, held-item queue, held items and virtual clocks (see
+-- include/fair.lua; used when the levels say 'fair').
+-- ARGV: max_queue (items, 0 = no limit), max_queue_bytes (0 = no limit), admit_wait_permille,
+-- group, token, wire version, number of calls n, number of tenants t, then the t tenant names,
+-- then n quintuples (item count, remaining timeout in ms, deadline on the client's wall clock in
+-- ms, priority level, tenant number 1..t or 0 for none), then the payloads of every call in
+-- order, then optionally one W3C traceparent per call ('' = none). Every number is checked
+-- before anything is written (a remaining timeout up to MAX_MS).
+-- Each call is checked as if it came alone, one after another, and added or refused on its own
+-- (a bulk call refused never refuses an urgent call coalesced after it). The reply is {n, then
+-- per call its reason, detail and limit, then the ids of the entries added, in order (a caller
+-- withdraws them when it cancels)} with reason 0 added, 1 the undelivered backlog of the call's
+-- level and of the more urgent ones, plus the call's items, would exceed the level's bound
+-- (detail: the backlog in items; limit: the bound: the level's published max_queue, else the
+-- client's), 2 the streams' memory would exceed max_queue_bytes (detail: bytes), 3 the oldest
+-- undelivered entry of the call's level has waited more than admit_wait_permille/1000 of the
+-- call's remaining timeout, so that a new item would not run in time (detail: its age in ms, on
+-- the server's clock like every entry id), 4 the level is beyond the levels the workers serve
+-- (detail: their number of levels), 5 the tenant is over its quota (detail: ms until its bucket
+-- holds enough tokens, -1 when the call is larger than the burst; limit: the burst). Items are
+-- numbered across the calls, refused ones included (each call's answers go to its own offset).
+-- Counting the more urgent levels' backlog is what makes Overloaded hit the least urgent level
+-- first. A call takes one token per item of its tenant's bucket, only once every other check
+-- has passed. Check and add are one script, so concurrent callers cannot overshoot. With fair
+-- sharing the items are held (their ids are then 'token:index') and the backlog counts held
+-- items too.
+--- @include "include/admission.lua"
+local max_queue = integer(ARGV[1], 0, math.huge, 'max_queue')
+local max_bytes = integer(ARGV[2], 0, math.huge, 'max_queue_bytes')
+local permille, group, token, version = integer(ARGV[3], 0, 1000, 'admit wait'), ARGV[4], ARGV[5], ARGV[6]
+local calls, tenants = integer(ARGV[7], 0, #ARGV, 'number of calls'), integer(ARGV[8], 0, #KEYS, 'number of tenants')
+local streams = (#KEYS - 2 - tenants) / 4
+local payload = 9 + tenants + 5 * calls
+-- Every call's numbers first: a call refused by these checks must not follow calls added.
+local last = payload - 1
+for c = 1, calls do
+  local at = 4 + tenants + 5 * c
+  last = last + integer(ARGV[at], 0, #ARGV, 'item count')
+  integer(ARGV[at + 1], 0, MAX_MS, 'remaining timeout (ms)')
+  integer(ARGV[at + 2], 0, 2 ^ 53, 'deadline (ms)')
+  integer(ARGV[at + 3], 0, math.huge, 'priority level')
+  integer(ARGV[at + 4], 0, tenants, 'tenant number')
+end
+integer(last, 0, #ARGV, 'number of payloads')
+local levels, bounds, fair = published_levels(KEYS[1])
+local quotas = published_quotas(KEYS[2])
+local now_ms = server_ms()
+local backlog, undelivered, age, queued_bytes = {}, {}, {}, 0
+for l = 1, streams do
+  local lk, bytes = level_keys(3 + tenants, l), 0
+  backlog[l], undelivered[l], age[l], bytes = level_queue(lk, group, fair, max_bytes > 0, now_ms)
+  queued_bytes = queued_bytes + bytes
+end
+local function tenant_name(number) return number > 0 and ARGV[8 + number] or '' end
+-- tenant number -> its bucket (tokens refilled to now), read once per script
+local buckets = {}
+local function bucket(number)
+  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[8 + number], KEYS[2 + number], now_ms)
+  return buckets[number]
+end
+local traced = payload
+for c = 1, calls do traced = traced + tonumber(ARGV[4 + tenants + 5 * c]) end
+local index = 0
+local reply, ids = {calls}, {}
+for c = 1, calls do
+  local at = 4 + tenants + 5 * c
+  local size, remaining, deadline = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), ARGV[at + 2]
+  local level, tenant = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+  local tp = ARGV[traced + c - 1]
+  local reason, detail, limit = 0, 0, 0
+  local b = nil
+  local bytes = 0
+  for k = payload, payload + size - 1 do bytes = bytes + #ARGV[k] end
+  if level >= levels or level + 1 > streams then
+    reason, detail = 4, levels
+  elseif tenant > 0 and bucket(tenant).rate > 0 then
+    b = bucket(tenant)
+    if size > b.burst then reason, detail, limit = 5, -1, b.burst
+    elseif b.tokens < size then reason, detail, limit = 5, math.ceil((size - b.tokens) * 1000 / b.rate), b.burst end
+  end
+  if reason == 0 then
+    limit = level_bound(bounds, level + 1, max_queue)
+    local ahead = 0
+    for l = 1, level + 1 do ahead = ahead + backlog[l] end
+    local lk = level_keys(3 + tenants, level + 1)
+    if room(lk[4], fair, tenant_name(tenant), ahead, limit, size) < size then
+      reason, detail = 1, ahead
+    elseif max_bytes > 0 and queued_bytes + bytes > max_bytes then reason, detail, limit = 2, queued_bytes, max_bytes
+    elseif age[level + 1] * 1000 > permille * remaining then reason, detail, limit = 3, age[level + 1], 0
+    else limit = 0 end
+  end
+  if reason == 0 then
+    if b then take(b, size, now_ms) end
+    local function fields_of(k)
+      return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
+    end
+    local added
+    added, undelivered[level + 1] = add(level_keys(3 + tenants, level + 1), fair, tenant_name(tenant), token, index,
+                                        size, fields_of, remaining, undelivered[level + 1], now_ms)
+    for _, id in ipairs(added) do ids[#ids + 1] = id end
+    backlog[level + 1] = backlog[level + 1] + size
+    queued_bytes = queued_bytes + bytes
+  end
+  reply[#reply + 1] = reason
+  reply[#reply + 1] = detail
+  reply[#reply + 1] = limit
+  index = index + size
+  payload = payload + size
+end
+for _, id in ipairs(ids) do reply[#reply + 1] = id end
+return reply

@@ -1,0 +1,64 @@
+#!lua flags=allow-oom
+-- KEYS[1] dead-letter stream, KEYS[2..1+s] the request streams (priority levels) that entries
+-- are acked on, then r reply lists, then the r cancellation sets of their tokens (keys.cancelled).
+-- ARGV: group, s, number of dead letters, dead-letter max length, dead-letter max bytes, then per
+-- request stream the number of ids to ack on it; then per reply list its TTL in ms, its number of
+-- messages and the messages; then per dead letter its field count followed by its fields and
+-- values; then the ids to ack and delete, stream by stream.
+-- Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse. A
+-- reply list whose token was withdrawn whole while the batch ran ('*' in its cancellation set)
+-- gets nothing: its caller is gone.
+--- @include "include/checks.lua"
+local group = ARGV[1]
+local streams = integer(ARGV[2], 0, #KEYS - 1, 'number of request streams')
+local letters = integer(ARGV[3], 0, #ARGV, 'number of dead letters')
+local dead_len = integer(ARGV[4], 0, 2 ^ 53, 'dead-letter max length')
+local dead_bytes = integer(ARGV[5], 0, 2 ^ 53, 'dead-letter max bytes')
+local replies = integer((#KEYS - 1 - streams) / 2, 0, #KEYS, 'number of reply lists')
+-- Every count and TTL first: a reply is never pushed for a batch whose ack would then fail.
+local a = 6 + streams
+for _ = 1, replies do
+  integer(ARGV[a], 1, MAX_MS, 'reply TTL (ms)')
+  a = a + 2 + integer(ARGV[a + 1], 0, #ARGV, 'number of reply messages')
+end
+for _ = 1, letters do a = a + 1 + integer(ARGV[a], 0, #ARGV, 'number of dead-letter fields') end
+for s = 1, streams do a = a + integer(ARGV[5 + s], 0, #ARGV, 'number of acks') end
+integer(a - 1, 0, #ARGV, 'number of arguments')
+a = 6 + streams
+for k = 2 + streams, 1 + streams + replies do
+  local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
+  if redis.call('SISMEMBER', KEYS[k + replies], '*') == 0 then
+    redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
+    redis.call('PEXPIRE', KEYS[k], ttl)
+  end
+  a = a + 2 + n
+end
+for _ = 1, letters do
+  local n = tonumber(ARGV[a])
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, a + 1, a + n))
+  a = a + n + 1
+end
+if letters > 0 then
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', dead_len)
+  -- Oldest first until the stream fits in dead_bytes; a record's fields understate what its
+  -- removal frees, so this trims at least enough. The newest record always stays.
+  local over = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', 0) - dead_bytes
+  while over > 0 do
+    local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 2)
+    if #oldest < 2 then break end
+    local size = 0
+    for _, v in ipairs(oldest[1][2]) do size = size + #v end
+    redis.call('XDEL', KEYS[1], oldest[1][1])
+    over = over - size
+  end
+end
+for s = 1, streams do
+  local acks = tonumber(ARGV[5 + s])
+  while acks > 0 do
+    local n = math.min(acks, 1000)
+    redis.call('XACK', KEYS[1 + s], group, unpack(ARGV, a, a + n - 1))
+    redis.call('XDEL', KEYS[1 + s], unpack(ARGV, a, a + n - 1))
+    a, acks = a + n, acks - n
+  end
+end
+return 1

@@ -1,0 +1,115 @@
+"""What workers publish for everyone else to read: their priority levels and tenant quotas (read
+by the ENQUEUE script and the clients) and their heartbeats in ``rstreamer:{p}:workers``, stamped
+with the Redis server's clock (read by clients, web apps, reclaim and ``rstreamer status``).
+Writers: :mod:`rstreamer.worker.levelsource` and :mod:`rstreamer.worker.liveness`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, NamedTuple
+
+from ..batching.priority import Levels
+from ..batching.quotas import Quotas
+from ..broker.connection import RedisClient
+from ..settings import WorkerSettings
+from .keys import Keys
+from .scripts import scripts
+
+LEVELS_TTL_S = 7 * 24 * 3600
+"""How long the published levels outlive the last worker that refreshed them: clients keep
+their levels through a fleet restart, and a prefix nobody serves any more forgets them."""
+
+
+def publish_levels(client: RedisClient, keys: Keys, levels: Levels) -> None:
+    """Tell clients which levels the workers serve (the ENQUEUE script refuses others).
+
+    One level is what an absent key means: such a worker writes nothing, exactly as before
+    levels existed (so a Redis ACL that gives it only its stream, heartbeats and dead letters
+    still suffices).
+    """
+    if levels.count > 1 or levels.max_queue != (0,) or levels.fair:
+        client.set(keys.levels, levels.to_json(), ex=LEVELS_TTL_S)
+
+
+def publish_quotas(client: RedisClient, keys: Keys, quotas: Quotas) -> None:
+    """Tell the ENQUEUE script the tenants' quotas (none configured: nothing written)."""
+    if quotas.enabled:
+        client.set(keys.quotas, quotas.to_json(), ex=LEVELS_TTL_S)
+
+
+def published_levels(client: RedisClient, keys: Keys) -> Levels:
+    """The levels the workers of ``keys`` published; one level when none did."""
+    raw = client.get(keys.levels)
+    return Levels.from_json(raw) if raw else Levels()
+
+
+def published_quotas(client: RedisClient, keys: Keys) -> Quotas:
+    """The tenant quotas the workers of ``keys`` published; none when none did."""
+    raw = client.get(keys.quotas)
+    return Quotas.from_json(raw) if raw else Quotas()
+
+
+def parse_workers(raw: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
+    """Decode the workers hash; unreadable fields are skipped."""
+    workers = {}
+    for name, value in raw.items():
+        try:
+            info = json.loads(value)
+            if isinstance(info, dict) and isinstance(info.get("seen_ms"), (int, float)):
+                workers[name.decode()] = info
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return workers
+
+
+def server_time_ms(time_reply: tuple[int, int]) -> int:
+    """Redis's TIME reply ``(seconds, microseconds)`` in milliseconds."""
+    seconds, micros = time_reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def read_workers(client: RedisClient, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The server's time (ms) and every worker's last heartbeat info."""
+    return parse_read_workers(scripts(client).read_workers(keys=[keys.workers]))
+
+
+def parse_read_workers(reply: list[Any]) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The reply of the READ_WORKERS script as ``(server time in ms, workers)``."""
+    seconds, micros, flat = reply
+    return server_time_ms((seconds, micros)), parse_workers(dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms: int) -> set[str]:
+    """Names of the workers whose last beat is at most ``dead_after_ms`` old."""
+    return {name for name, info in workers.items() if now_ms - info["seen_ms"] <= dead_after_ms}
+
+
+class FleetTotals(NamedTuple):
+    """What the workers of a prefix have done, summed over their heartbeats."""
+
+    batches: int
+    items: int  # answered by the model
+    expired: int  # answered as expired without running
+
+
+def fleet_totals(client: RedisClient, keys: Keys) -> FleetTotals:
+    """The batches, items and expired items that every worker entry of ``keys`` reports."""
+    infos = read_workers(client, keys)[1].values()
+    return FleetTotals(*(sum(int(info.get(counter, 0)) for info in infos) for counter in FleetTotals._fields))
+
+
+def wait_for_live_workers(client: RedisClient, keys: Keys, count: int, timeout: float,
+                          dead_after: float = WorkerSettings.dead_after) -> None:
+    """Block until ``count`` workers heart-beat on ``keys``; TimeoutError after ``timeout`` s.
+
+    The one place that waits for a fleet: the CLI's tools, the demo and the benchmarks use it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        now_ms, workers = read_workers(client, keys)
+        if len(live_workers(now_ms, workers, int(dead_after * 1000))) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} workers did not start within {timeout:g}s")
+        time.sleep(0.05)

@@ -1,0 +1,470 @@
+"""RedisWorker: reads items from a prefix's stream in batches, runs the model, replies."""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import redis
+
+from ..batching.batcher import Batcher, BatchObserver, Failure, Outcome, answer_batch
+from ..batching.costing import OomGuard, oom_error_types, safe_cost
+from ..broker.clock import ServerClock
+from ..broker.connection import create_redis, is_nogroup, normalize_broker_url, redacted
+from ..errors import FailureKind
+from ..jobs.sink import JobSink
+from ..jobs.webhooks import WebhookSender
+from ..model.managed import ModelSpec, Predictor, load_predictor, model_costing
+from ..ops.hooks import WorkerHooks
+from ..settings import WorkerSettings, redis_url_from_env
+from ..wire.groups import ensure_group, ensure_groups
+from ..wire.keys import Keys
+from ..wire.messages import (
+    MalformedEntry,
+    Request,
+    pack_results,
+    parse_request,
+    reply_address,
+    reply_ttl_ms,
+    reply_version,
+)
+from ..wire.published import live_workers, publish_levels, publish_quotas, read_workers
+from ..wire.scripts import scripts
+from .beater import Beater
+from .generative_lane import GenerativeLane, LaneIO, Pushes, model_of
+from .levelsource import LevelSource, SingleLevel
+from .liveness import Heartbeat
+from .reclaim import Reclaimer, plan_reclaim
+from .records import Answer, DeadLetter, Entry, Parsed, WorkerStats
+from .sources import ParsedSource, StreamSource, cancelled_items
+
+logger = logging.getLogger(__name__)
+
+MAX_RETRY_DELAY = 10.0
+"""Longest wait between two attempts to reach Redis at start-up."""
+
+
+def _level_of(parsed: Parsed) -> int:
+    """The priority level an entry was read from: its urgency for cost-aware batching."""
+    return parsed.level
+
+
+class RedisWorker:
+    """Serve one prefix: batch, predict, reply, ack; reclaim the work of dead workers.
+
+    ``model_class`` is a ManagedModel subclass, a batch function, or an import string.
+    """
+
+    def __init__(
+        self,
+        model_class: ModelSpec,
+        batch_size: int,
+        max_latency: float = 0.1,
+        redis_broker: str | None = None,
+        prefix: str = "",
+        model_init_args: Sequence[Any] | None = None,
+        model_init_kwargs: dict[str, Any] | None = None,
+        *,
+        gpu_id: int | None = None,
+        settings: WorkerSettings | None = None,
+        adaptive: bool = True,
+        observe: BatchObserver | None = None,
+    ) -> None:
+        self.observe = observe
+        self.settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
+        self.policy = self.settings.batch_policy(adaptive)
+        self.url = normalize_broker_url(redis_broker or redis_url_from_env())
+        self.keys = Keys(prefix)
+        self.gpu_id = gpu_id
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.stats = WorkerStats()
+        self._model = model_class
+        self._init_args = model_init_args
+        self._init_kwargs = model_init_kwargs
+        self._predict: Predictor = _not_loaded
+        self._stopping = threading.Event()
+        self._watchdog: threading.Timer | None = None
+        self._started = time.time()
+        # The longest read blocks for idle_block (waiting for a first item) or max_latency
+        # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
+        longest_block = max(self.settings.idle_block, self.settings.max_latency)
+        self._redis = create_redis(self.url, socket_timeout=longest_block + 5.0)
+        self.levels = self.settings.levels()
+        self.quotas = self.settings.quotas()
+        plain = self.levels.count == 1 and not self.levels.fair
+        self._source: SingleLevel | LevelSource = (
+            SingleLevel(StreamSource(self._redis, self.keys, self.name)) if plain
+            else LevelSource(self._redis, self.keys, self.name, self.levels))
+        self._parsed = ParsedSource(self._source, self._parse)
+        self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
+                                      self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
+        self._finish_script = scripts(self._redis).finish
+        # Items of durable jobs (rstreamer.jobs): admitted, recorded and fed (rstreamer.jobs.sink).
+        self._jobs = JobSink(self._redis, self.keys)
+        self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
+        heartbeat_ttl = self.settings.dead_after * 10
+        self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
+        self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,
+                              interval=self.settings.heartbeat_interval, ttl=heartbeat_ttl,
+                              stuck_after=self.settings.stuck_after)
+        self._next_reclaim = 0.0
+        # The model's cost() and out-of-memory errors are set once it is loaded (_use_model).
+        # A costed batch is built around the most urgent item held (see Batcher): its level.
+        self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model),
+                                                 urgency=_level_of)
+        self._hint = self._batcher.hint
+        self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
+        self._lane: GenerativeLane | None = None  # set when the model is a GenerativeModel
+        self.hooks = WorkerHooks()  # metrics (rstreamer.ops.metrics.WorkerMetrics) replace the no-op
+
+    def _info(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
+                "started": self._started, **asdict(self.stats)}
+
+    # lifecycle -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to finish its current batch and exit (safe from a signal handler)."""
+        self._stopping.set()
+
+    def run_forever(self, gpu_id: int | None = None) -> None:
+        """Load the model, then serve until ``stop()`` (or SIGTERM/SIGINT in the main thread).
+
+        ``gpu_id`` (service-streamer's argument) is the GPU the model is told it runs on, as
+        the constructor's ``gpu_id``; placing the process on it (CUDA_VISIBLE_DEVICES) is the
+        supervisor's job.
+        """
+        if gpu_id is not None:
+            self.gpu_id = gpu_id
+        self._install_signal_handlers()
+        if self._predict is _not_loaded:
+            self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
+        warn_if_gpu_invisible(self.gpu_id)
+        if not self._connect():
+            self._finish_drain()
+            return
+        self._beater.start()
+        self._webhooks.start()
+        logger.info("worker %s: serving prefix %r on %s, batch %d, max latency %.3fs",
+                    self.name, self.keys.prefix, redacted(self.url), self.policy.batch_size, self.policy.max_latency)
+        try:
+            while not self._stopping.is_set():
+                self._beater.tick()
+                self.step()
+        finally:
+            self._shutdown()
+
+    def _use_model(self, predict: Predictor) -> None:
+        """Serve ``predict``; batch by its model's ``cost()`` when it defines one."""
+        self._predict = predict
+        generative = model_of(predict)
+        if generative is not None:
+            # A generative model is stepped by the lane (continuous batching), batch_size
+            # sequences at most: see rstreamer.worker.generative_lane.
+            io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._clock.now)
+            self._lane = GenerativeLane(generative, self._redis, self.keys, io, self.stats, self.policy.batch_size,
+                                        self.settings.max_batch_cost or None, self.settings.reply_ttl)
+        cost, oom_errors = model_costing(predict)
+        self._batcher.oom.errors = oom_error_types(oom_errors)
+        if cost is not None:
+            checked = safe_cost(cost)
+            self._batcher.cost = lambda parsed: checked(parsed.request.payload) if parsed.request else 1
+
+    def _connect(self) -> bool:
+        """Create the stream and group and beat once, retrying with backoff until Redis answers.
+
+        False if the worker was stopped meanwhile.
+        """
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                ensure_groups(self._redis, self.keys, self.levels.count)
+                self._publish()
+                self._heartbeat.beat()
+                return True
+            except redis.RedisError as exc:
+                logger.warning("worker %s: cannot start serving prefix %r: Redis at %s: %s: %s; retrying in %.1fs",
+                               self.name, self.keys.prefix, redacted(self.url), type(exc).__name__, exc, delay)
+            self._stopping.wait(delay)
+            delay = min(delay * 2, MAX_RETRY_DELAY)
+        return False
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only set flags here; the loop drains. The watchdog bounds a batch that never ends.
+        self._stopping.set()
+        if self._watchdog is None:
+            self._watchdog = threading.Timer(self.settings.drain_timeout, os._exit, args=(1,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _finish_drain(self) -> None:
+        """The drain is over: the watchdog must not end the process that goes on."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+    def _shutdown(self) -> None:
+        self._drain_held()
+        self._webhooks.stop()
+        self._beater.stop()
+        try:
+            for level in range(self.levels.count):
+                stream = self.keys.requests_at(level)
+                if not self._redis.xpending_range(stream, self.keys.group, "-", "+", 1, self.name):
+                    self._redis.xgroup_delconsumer(stream, self.keys.group, self.name)
+        except redis.RedisError as exc:
+            logger.warning("worker %s: could not deregister: %s", self.name, exc)
+        self._redis.close()
+        logger.info("worker %s: stopped after %d batches, %d items", self.name, self.stats.batches, self.stats.items)
+        self._finish_drain()
+
+    # one iteration ---------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Reclaim if due, then read one batch and answer it."""
+        try:
+            if time.monotonic() >= self._next_reclaim:
+                self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
+                self._reclaim()
+                self._count_peers()
+                # Jobs whose feed their quota or their level's bound held back (one ZRANGEBYSCORE).
+                self._jobs.pump(int(self._clock.now() * 1000))
+            if self._lane is not None:
+                self._lane.step(self.settings.idle_block)
+                return
+            batch, costs = self._batcher.next_batch(self._parsed, self.settings.idle_block)
+            if batch:
+                self._run(batch, costs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._back_off(f"Redis unavailable ({exc})")
+        except redis.RedisError as exc:
+            # e.g. a failover's READONLY: transient, keep the worker alive.
+            self._back_off(f"Redis error {type(exc).__name__}: {exc}")
+
+    def _run(self, batch: list[Parsed], costs: list[int]) -> None:
+        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
+                                 [parsed.level for parsed in batch])
+        self._process(batch, costs)
+        self.hooks.batch_done()
+
+    def _drain_held(self) -> None:
+        """Run the items a cost-aware batcher (or the generative lane) still holds: they were
+        read, so they are ours."""
+        try:
+            if self._lane is not None:
+                self._lane.drain()
+            while True:
+                batch, costs = self._batcher.held()
+                if not batch:
+                    return
+                self._run(batch, costs)
+        except redis.RedisError as exc:  # they stay pending: a peer reclaims them
+            logger.warning("worker %s: could not run the held items before stopping: %s", self.name, exc)
+
+    def _count_peers(self) -> None:
+        """Count the live workers of the prefix: with peers, a burst is split between the idle
+        ones and an under-filled batch lingers (see BatchHint)."""
+        sent = time.monotonic()
+        now_ms, workers = read_workers(self._redis, self.keys)
+        self._clock.observe(now_ms, sent, time.monotonic())
+        self._publish()  # refreshes their TTL
+        self.hooks.server_time(now_ms)
+        self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
+
+    def _publish(self) -> None:
+        """Tell clients the priority levels and tenant quotas this worker serves."""
+        publish_levels(self._redis, self.keys, self.levels)
+        publish_quotas(self._redis, self.keys, self.quotas)
+
+    def _back_off(self, reason: str) -> None:
+        logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
+        # Whatever was read but not acked is served again from our own pending list.
+        self._source.rewind()
+        self._batcher.drop_held()
+        if self._lane is not None:
+            self._lane.reset()
+        self._stopping.wait(1.0)
+
+    def _parse(self, entry: Entry, level: int = 0) -> Parsed:
+        entry_id, fields = entry
+        try:
+            request = parse_request(entry_id, fields, self.settings.max_item_bytes, self._clock.wall_to_server())
+        except MalformedEntry as exc:
+            return Parsed(entry_id, fields, error=exc, level=level)
+        return Parsed(entry_id, fields, request, level=level)
+
+    def _process(self, batch: list[Parsed], costs: list[int] | None = None) -> None:
+        self._beater.tick()
+        requests: list[Request] = []
+        request_costs: list[int] = []
+        answers: list[Answer] = []
+        dead: list[DeadLetter] = []
+        withdrawn = cancelled_items(self._redis, self.keys,
+                                    [(p.request.token, p.request.index) for p in batch if p.request is not None])
+        for parsed, cost in zip(batch, costs or [1] * len(batch), strict=True):
+            if parsed.request is not None and (parsed.request.token, parsed.request.index) not in withdrawn:
+                requests.append(parsed.request)
+                request_costs.append(cost)
+            elif parsed.error is not None:
+                answers += self._malformed(parsed, dead)
+        self.stats.cancelled += len(withdrawn)
+        requests, request_costs = self._jobs.admit(requests, request_costs)
+        ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
+                           hint=self._hint, oom=self._batcher.oom, costs=request_costs)
+        self._beater.tick()
+        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
+        self._finish(answers, dead, [(parsed.level, parsed.entry_id) for parsed in batch])
+
+    def _malformed(self, parsed: Parsed, dead: list[DeadLetter]) -> list[Answer]:
+        """Dead-letter a malformed entry; the answer to its caller when it named one."""
+        exc = parsed.error
+        assert exc is not None
+        logger.warning("worker %s: malformed entry %s dead-lettered: %s", self.name, parsed.entry_id.decode(), exc)
+        dead.append(DeadLetter(parsed.entry_id, parsed.fields, f"malformed: {exc}", level=parsed.level))
+        if not exc.token:
+            return []
+        return [Answer(exc.token, exc.index, _dead("DecodeError", str(exc)), exc.version)]
+
+    def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]],
+                pushes: Pushes | None = None) -> None:
+        """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
+        (wire/lua/finish.lua): no reply without its ack, and a full Redis still drains. ``acks``: the
+        ``(level, entry id)`` of every entry answered. ``pushes``: more messages per reply token,
+        with the reply's TTL (a generative lane's chunks). Answers to job items are recorded in
+        their jobs first (see rstreamer.jobs.sink)."""
+        answers = self._jobs.record(answers)
+        by_reply: dict[str, list[Answer]] = defaultdict(list)
+        for answer in answers:
+            by_reply[answer.token].append(answer)
+        now = self._clock.now()
+        outgoing = dict(pushes or {})
+        for token, rows in by_reply.items():
+            # One token is one client, which speaks one version.
+            messages = pack_results([(a.index, a.outcome) for a in rows], rows[0].version)
+            ttl = reply_ttl_ms(self.settings.reply_ttl, [a.deadline for a in rows], now)
+            pushed_ttl, pushed = outgoing.get(token, (0, []))
+            outgoing[token] = (max(ttl, pushed_ttl), [*pushed, *messages])
+        replies: list[bytes | int] = []
+        for ttl, messages in outgoing.values():
+            replies += [ttl, len(messages), *messages]
+        letters: list[bytes | int] = []
+        for letter in dead:
+            record = self._dead_record(letter)
+            letters += [len(record), *record]
+        by_level: dict[int, list[bytes]] = defaultdict(list)
+        for level, entry_id in acks:
+            by_level[level].append(entry_id)
+        settings = self.settings
+        self._finish_script(
+            keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level),
+                  *(self.keys.reply(token) for token in outgoing), *(self.keys.cancelled(token) for token in outgoing)],
+            args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
+                  *(len(ids) for ids in by_level.values()), *replies, *letters,
+                  *(entry_id for ids in by_level.values() for entry_id in ids)],
+        )
+        self.stats.dead_lettered += len(dead)
+
+    def _dead_record(self, letter: DeadLetter) -> list[bytes]:
+        """A dead letter's fields and values, flat; fields that alone exceed the byte cap are
+        replaced by their size."""
+        record = {b"entry": letter.entry_id, b"reason": letter.reason.encode(), b"worker": self.name.encode(),
+                  b"deliveries": str(letter.deliveries).encode()}
+        if letter.level:
+            record[b"level"] = str(letter.level).encode()  # replayed onto its own level
+        for name, value in (letter.fields or {}).items():
+            if len(value) > self.settings.dead_max_bytes // 2:
+                record[b"dropped_" + name] = str(len(value)).encode()
+            else:
+                record[b"f_" + name] = value
+        return [part for pair in record.items() for part in pair]
+
+    # reclaim ---------------------------------------------------------------------------
+
+    def _reclaim(self) -> None:
+        for level, reclaimer in enumerate(self._reclaimers):
+            try:
+                dead = reclaimer.dead_consumers()
+            except redis.ResponseError as exc:
+                if is_nogroup(exc):
+                    ensure_group(self._redis, self.keys, level)
+                    continue
+                raise
+            for consumer, pending in dead:
+                if pending:
+                    self._take_over(reclaimer, consumer)
+                elif reclaimer.forget(consumer):
+                    logger.info("worker %s: removed dead consumer %s of level %d", self.name, consumer, level)
+
+    def _take_over(self, reclaimer: Reclaimer, consumer: str) -> None:
+        level = reclaimer.level
+        plan = plan_reclaim(reclaimer.pending_of(consumer), self.settings.max_deliveries)
+        logger.warning("worker %s: reclaiming %d entries of level %d of dead consumer %s",
+                       self.name, len(plan.batch) + len(plan.single) + len(plan.dead), level, consumer)
+        if plan.dead:
+            claimed = reclaimer.claim([e.entry_id for e in plan.dead])
+            self._dead_letter_claimed(level, claimed, {e.entry_id: e.deliveries for e in plan.dead})
+        # Claimed one batch at a time, at most our batch size: what we have not claimed yet
+        # stays with the dead consumer, for an idle peer to claim meanwhile.
+        size = self.policy.batch_size
+        chunks = [plan.batch[i:i + size] for i in range(0, len(plan.batch), size)] + [[e] for e in plan.single]
+        if self._lane is not None:  # a generative lane claims what it has room for; it restarts them
+            ids = [entry_id for chunk in chunks for entry_id in chunk][:self._lane.room]
+            chunks = [ids] if ids else []
+        for chunk in chunks:
+            claimed = reclaimer.claim(chunk)
+            self.stats.reclaimed += len(claimed)
+            if claimed and self._lane is not None:
+                self._lane.adopt([self._parse(entry, level) for entry in claimed])
+            elif claimed:
+                parsed = [self._parse(entry, level) for entry in claimed]
+                self._process(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
+
+    def _dead_letter_claimed(self, level: int, claimed: list[Entry], deliveries: dict[bytes, int]) -> None:
+        answers, dead = [], []
+        for entry_id, fields in claimed:
+            reason = (f"delivered {deliveries.get(entry_id, 0)} times without an answer "
+                      f"(max_deliveries={self.settings.max_deliveries})")
+            dead.append(DeadLetter(entry_id, fields, reason, deliveries=deliveries.get(entry_id, 0), level=level))
+            address = reply_address(fields)
+            if address:
+                answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
+        self._finish(answers, dead, [(level, entry_id) for entry_id, _ in claimed])
+        logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
+
+
+def warn_if_gpu_invisible(gpu_id: int | None) -> None:
+    """Say loudly when the model was placed on a GPU that torch (if the model loaded it) cannot see."""
+    torch = sys.modules.get("torch")  # never imported here: only a model that uses torch has it
+    if gpu_id is None or torch is None:
+        return
+    try:
+        visible = int(torch.cuda.device_count())
+    except Exception:  # a broken CUDA install: the model's own calls will say more
+        visible = 0
+    if visible == 0:
+        logger.error("GPU %s was requested but torch sees no CUDA device (CUDA_VISIBLE_DEVICES=%s): "
+                     "the model runs on the CPU", gpu_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _dead(error_type: str, message: str) -> Outcome[Any]:
+    """The answer of an item that is dead-lettered: the caller gets DeadLettered."""
+    return Outcome(False, failure=Failure(error_type, message, FailureKind.DEAD))
+
+
+def _not_loaded(batch: list[Any]) -> list[Any]:
+    raise RuntimeError("the model is loaded by run_forever()")

@@ -1,0 +1,66 @@
+"""The worker's records: an entry as read, a parsed entry, an answer to its caller, a dead letter,
+and the worker's counters. Shared by the loop and its lanes (the generative lane builds them too).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..batching.batcher import BatchStats, Outcome
+from ..wire.messages import WIRE_VERSION, MalformedEntry, Request
+
+Entry = tuple[bytes, "dict[bytes, bytes] | None"]
+"""A stream entry as read: its id and fields (None for an entry deleted since it was delivered)."""
+
+
+def field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
+    """An entry's flat ``[field, value, ...]`` list (as scripts return it) as a dict."""
+    return None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The outcome of one item, addressed to its caller."""
+
+    token: str
+    index: int
+    outcome: Outcome[Any]
+    version: int = WIRE_VERSION  # the reply goes out in the version of the entry
+    deadline: float = 0.0  # the caller's, on the server's clock: the reply lives until then
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An entry to move to the dead-letter stream, and why."""
+
+    entry_id: bytes
+    fields: dict[bytes, bytes] | None
+    reason: str
+    deliveries: int = 1  # times it was read; `rstreamer dead list` shows it
+    level: int = 0
+
+
+@dataclass
+class WorkerStats(BatchStats):
+    """Counters a worker publishes in its heartbeat."""
+
+    reclaimed: int = 0
+    dead_lettered: int = 0
+    cancelled: int = 0  # items their callers withdrew after this worker read them, not run
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A stream entry as read, and what it decoded to: a Request, or why it is malformed;
+    ``level``: the priority level (stream) it was read from."""
+
+    entry_id: bytes
+    fields: dict[bytes, bytes] | None
+    request: Request | None = None
+    error: MalformedEntry | None = None
+    level: int = 0
+
+    @property
+    def entry(self) -> Entry:
+        """The stream entry as it was read: (id, fields)."""
+        return self.entry_id, self.fields

@@ -1,0 +1,105 @@
+"""Where a worker's entries come from: its stream of one level (:class:`StreamSource`), parsed into
+items (:class:`ParsedSource`), and the withdrawals it checks before predict (:func:`cancelled_items`).
+The sources of several levels are in :mod:`rstreamer.worker.levelsource`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import cast
+
+import redis
+
+from ..broker.connection import RedisClient, is_nogroup
+from ..wire.groups import ensure_group
+from ..wire.keys import Keys, is_reply_token
+from ..wire.scripts import scripts
+from .levelsource import LevelSource, SingleLevel
+from .records import Entry, Parsed, field_dict
+
+
+class StreamSource:
+    """The ItemSource of a worker: XREADGROUP on the prefix's request stream.
+
+    After a failed reply (see :meth:`rewind`), the entries this consumer read but could not
+    ack are served again first, each once, in id order, from a cursor; only then new ones.
+    """
+
+    def __init__(self, client: RedisClient, keys: Keys, consumer: str) -> None:
+        self._client = client
+        self._keys = keys
+        self._consumer = consumer
+        self._own_pending = scripts(client).read_own_pending
+        # The last own pending entry served, "-" for none yet; None: serve new entries.
+        self._cursor: str | None = "-"
+
+    def rewind(self) -> None:
+        """Serve this consumer's own unacked entries again, before new ones."""
+        self._cursor = "-"
+
+    def fetch(self, max_items: int, timeout: float) -> list[Entry]:
+        """Up to ``max_items`` entries: this consumer's own backlog first, then new ones (blocking ``timeout`` s)."""
+        if self._cursor is not None:
+            backlog = self._read_own_pending(self._cursor, max_items)
+            if backlog:
+                return backlog
+            self._cursor = None
+        # BLOCK 0 means forever, so a wait is never shorter than 1 ms; no BLOCK: no wait.
+        block = max(1, int(timeout * 1000)) if timeout > 0 else None
+        try:
+            reply = cast("list[tuple[bytes, list[Entry]]] | None", self._client.xreadgroup(
+                self._keys.group, self._consumer, {self._keys.requests: ">"}, count=max_items, block=block
+            ))  # our client does not decode replies
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            ensure_group(self._client, self._keys)
+            return []
+        return [(entry_id, fields) for _, stream_entries in (reply or []) for entry_id, fields in stream_entries]
+
+    def _read_own_pending(self, cursor: str, max_items: int) -> list[Entry]:
+        # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.
+        try:
+            rows: list[tuple[bytes, list[bytes] | None]] = self._own_pending(
+                keys=[self._keys.requests], args=[self._keys.group, self._consumer, cursor, max_items])
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            return []  # the stream is gone, and our pending entries with it
+        entries = [(entry_id, field_dict(flat)) for entry_id, flat in rows]
+        if entries:
+            self._cursor = entries[-1][0].decode()
+        return entries
+
+
+class ParsedSource:
+    """The worker's ItemSource: entries decoded as they are read, so that a cost-aware batch
+    knows each item's cost (``ManagedModel.cost`` takes the decoded input)."""
+
+    def __init__(self, source: SingleLevel | LevelSource, parse: Callable[[Entry, int], Parsed]) -> None:
+        self._source = source
+        self._parse = parse
+
+    def fetch(self, max_items: int, timeout: float) -> list[Parsed]:
+        """The next entries of the streams, each decoded with the level it was read from."""
+        return [self._parse(entry, level) for level, entry in self._source.fetch(max_items, timeout)]
+
+
+def cancelled_items(client: RedisClient, keys: Keys, items: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+    """The ``(token, index)`` among ``items`` whose callers withdrew them.
+
+    One EXISTS over the batch's cancellation sets, which is all it costs when nobody cancelled
+    (the usual case); the sets that exist are then read in one pipeline.
+    """
+    # Job items are withdrawn by cancelling their job (rstreamer.jobs.sync), not one by one.
+    tokens = sorted({token for token, _ in items if is_reply_token(token)})
+    if not tokens:
+        return set()
+    names = [keys.cancelled(token) for token in tokens]
+    if not client.exists(*names):
+        return set()
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.smembers(name)
+    marked = {token: {m.decode() for m in members} for token, members in zip(tokens, pipe.execute(), strict=True)}
+    return {(token, index) for token, index in items
+            if marked.get(token) and ("*" in marked[token] or str(index) in marked[token])}
