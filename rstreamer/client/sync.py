@@ -92,8 +92,10 @@ class RedisStreamer(BaseStreamer):
         and outputs stay in Redis for ``ttl`` seconds (default ``RSTREAMER_JOB_TTL``, 24 h),
         readable from any process with :meth:`job`. ``meta`` is any JSON value kept with it.
         ``webhook``: an http(s) URL a worker POSTs the job's completion event to, once, with
-        retries (see docs/jobs.md). ``tenant``: whose quota the items take as they are fed, and
-        with whom they share their level fairly (as a call's ``tenant``; None: none).
+        retries; only public addresses unless ``RSTREAMER_WEBHOOK_ALLOW`` allows others, and a
+        literal address refused raises ValueError here (see docs/jobs.md). ``tenant``: whose quota
+        the items take as they are fed, and with whom they share their level fairly (as a call's
+        ``tenant``; None: none).
         Raises EncodeError for an item that cannot be sent (named by its index), JobTooLarge
         past ``RSTREAMER_JOB_MAX_ITEMS`` items, ValueError for a ``ttl`` that is not a number of
         seconds > 0 and at most 30 days, ConfigError (a ValueError) for an invalid tenant name.

@@ -50,12 +50,19 @@ REPLY_GRACE = 1.0
 
 MAX_DURATION_MS = 366 * 24 * 3600 * 1000
 """The longest duration, in ms, that any Lua script accepts (remaining timeouts, TTLs;
-lua/include/checks.lua checks the same number before it writes anything) and that an entry's
-remaining timeout may have; beyond it an entry is malformed. It exceeds the clients' limits
-(settings.MAX_TIMEOUT, settings.MAX_JOB_TTL), so no client of this version ever meets it, and
-it keeps every number a script computes an integer Redis accepts."""
+lua/include/checks.lua checks the same number before it writes anything), and so the longest a
+reply key lives (:func:`reply_ttl_ms`). It exceeds the clients' limits (settings.MAX_TIMEOUT,
+settings.MAX_JOB_TTL), so no client of this version ever meets it, and it keeps every number a
+script computes an integer Redis accepts."""
 
 _ENVELOPE = 1024  # bytes a reply message may need beyond its outputs (headers, indexes, errors)
+
+MAX_INDEX = 2**32 - 1
+"""The largest item index an entry may carry (a batch is far smaller; a larger one could not be
+answered: msgpack and the Lua scripts stop at 64 bits)."""
+MAX_WIRE_MS = 2**53
+"""The largest time in ms (remaining timeout, version-1 deadline) an entry may carry: exact as
+a float, and a reply TTL derived from it stays within what PEXPIRE accepts."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +96,10 @@ def reply_address(fields: Mapping[bytes, bytes] | None) -> tuple[str, int] | Non
     if token is None or not is_answer_token(token):
         return None
     try:
-        return token, int(fields.get(INDEX, b""))
+        index = int(fields.get(INDEX, b""))
     except ValueError:
         return None
+    return (token, index) if 0 <= index <= MAX_INDEX else None
 
 
 def entry_version(fields: Mapping[bytes, bytes] | None) -> int | None:
@@ -135,12 +143,9 @@ def parse_request(
             f"{WIRE_VERSION}): upgrade the workers before the web fleet", token, index)
     try:
         if version == WIRE_VERSION:
-            remaining = int(fields[REMAINING])
-            if not 0 <= remaining <= MAX_DURATION_MS:
-                raise ValueError(remaining)
-            deadline = entry_time(entry_id) + remaining / 1000
+            deadline = entry_time(entry_id) + _wire_ms(fields[REMAINING]) / 1000
         else:
-            deadline = int(fields[DEADLINE]) / 1000 + wall_to_server
+            deadline = _wire_ms(fields[DEADLINE]) / 1000 + wall_to_server
     except (KeyError, ValueError):
         raise MalformedEntry("missing or invalid deadline", token, index, version) from None
     if PAYLOAD not in fields:
@@ -150,6 +155,15 @@ def parse_request(
     except DecodeError as exc:
         raise MalformedEntry(f"undecodable payload: {exc}", token, index, version) from None
     return Request(entry_id, token, index, deadline, payload, version)
+
+
+def _wire_ms(raw: bytes) -> int:
+    """A time in ms from an entry; ValueError unless it is an integer in 0..MAX_WIRE_MS (a huge
+    one would overflow the deadline's float or the reply's PEXPIRE)."""
+    value = int(raw)
+    if not 0 <= value <= MAX_WIRE_MS:
+        raise ValueError(f"{value} ms is out of range")
+    return value
 
 
 # admission (the ENQUEUE_CALLS script) ------------------------------------------------------

@@ -110,7 +110,11 @@ class RedisWorker:
         self._finish_script = scripts(self._redis).finish
         # Items of durable jobs (rstreamer.jobs): admitted, recorded and fed (rstreamer.jobs.sink).
         self._jobs = JobSink(self._redis, self.keys)
-        self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
+        # A thread: never blocks the model. It takes over the deliveries of dead workers as the
+        # reclaimers take over their entries.
+        self._webhooks = WebhookSender(self.url, self.keys, self.name, self.settings.webhooks,
+                                       dead_after=self.settings.dead_after,
+                                       reclaim_interval=self.settings.reclaim_interval)
         heartbeat_ttl = self.settings.dead_after * 10
         self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
         self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,
@@ -170,7 +174,8 @@ class RedisWorker:
         if generative is not None:
             # A generative model is stepped by the lane (continuous batching), batch_size
             # sequences at most: see rstreamer.worker.generative_lane.
-            io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._clock.now)
+            io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._poisoned, self._jobs.admit,
+                        self._clock.now, hooks=lambda: self.hooks, observe=lambda: self.observe)
             self._lane = GenerativeLane(generative, self._redis, self.keys, io, self.stats, self.policy.batch_size,
                                         self.settings.max_batch_cost or None, self.settings.reply_ttl)
         cost, oom_errors = model_costing(predict)
@@ -255,12 +260,41 @@ class RedisWorker:
         except redis.RedisError as exc:
             # e.g. a failover's READONLY: transient, keep the worker alive.
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            # A defect that no one entry could be blamed for (those are dead-lettered where they
+            # are handled): no input may end the worker. What it read is served again.
+            logger.exception("worker %s: unexpected error", self.name)
+            self._back_off(f"unexpected error {type(exc).__name__}: {exc}")
 
     def _run(self, batch: list[Parsed], costs: list[int]) -> None:
         self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
                                  [parsed.level for parsed in batch])
-        self._process(batch, costs)
+        self._process_guarded(batch, costs)
         self.hooks.batch_done()
+
+    def _process_guarded(self, batch: list[Parsed], costs: list[int]) -> None:
+        """:meth:`_process`, where an unexpected error dead-letters the entry that causes it:
+        the batch is run again one entry at a time to find it (answers are first-wins, so an
+        item answered twice is seen once)."""
+        try:
+            self._process(batch, costs)
+        except redis.RedisError:
+            raise
+        except Exception as exc:
+            if len(batch) > 1:
+                logger.warning("worker %s: a batch of %d raised %s; running its entries one at a time",
+                               self.name, len(batch), type(exc).__name__)
+                for parsed, cost in zip(batch, costs, strict=True):
+                    self._process_guarded([parsed], [cost])
+                return
+            dead: list[DeadLetter] = []
+            answers = self._poisoned(batch[0], exc, dead)
+            try:
+                self._finish(answers, dead, [batch[0].ref])
+            except redis.RedisError:
+                raise
+            except Exception:  # the answer itself is what fails: the dead letter alone
+                self._finish([], dead, [batch[0].ref])
 
     def _drain_held(self) -> None:
         """Run the items a cost-aware batcher (or the generative lane) still holds: they were
@@ -273,8 +307,9 @@ class RedisWorker:
                 if not batch:
                     return
                 self._run(batch, costs)
-        except redis.RedisError as exc:  # they stay pending: a peer reclaims them
-            logger.warning("worker %s: could not run the held items before stopping: %s", self.name, exc)
+        except Exception as exc:  # a Redis error, or a defect: they stay pending, a peer reclaims them
+            logger.warning("worker %s: could not run the held items before stopping: %s: %s", self.name,
+                           type(exc).__name__, exc)
 
     def _count_peers(self) -> None:
         """Count the live workers of the prefix: with peers, a burst is split between the idle
@@ -306,6 +341,11 @@ class RedisWorker:
             request = parse_request(entry_id, fields, self.settings.max_item_bytes, self._clock.wall_to_server())
         except MalformedEntry as exc:
             return Parsed(entry_id, fields, error=exc, level=level)
+        except Exception as exc:  # a defect in parsing: still this entry's, never the worker's
+            logger.exception("worker %s: parsing entry %s raised", self.name, entry_id.decode())
+            token, index = reply_address(fields) or (None, 0)
+            unreadable = MalformedEntry(f"unreadable: {type(exc).__name__}: {exc}", token, index, reply_version(fields))
+            return Parsed(entry_id, fields, error=unreadable, level=level)
         return Parsed(entry_id, fields, request, level=level)
 
     def _process(self, batch: list[Parsed], costs: list[int] | None = None) -> None:
@@ -328,7 +368,7 @@ class RedisWorker:
                            hint=self._hint, oom=self._batcher.oom, costs=request_costs)
         self._beater.tick()
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
-        self._finish(answers, dead, [(parsed.level, parsed.entry_id) for parsed in batch])
+        self._finish(answers, dead, [parsed.ref for parsed in batch])
 
     def _malformed(self, parsed: Parsed, dead: list[DeadLetter]) -> list[Answer]:
         """Dead-letter a malformed entry; the answer to its caller when it named one."""
@@ -339,6 +379,18 @@ class RedisWorker:
         if not exc.token:
             return []
         return [Answer(exc.token, exc.index, _dead("DecodeError", str(exc)), exc.version)]
+
+    def _poisoned(self, parsed: Parsed, exc: Exception, dead: list[DeadLetter]) -> list[Answer]:
+        """Dead-letter an entry whose handling raised ``exc`` unexpectedly (a defect, not the
+        model's error); the answer to its caller when it named one."""
+        reason = f"unexpected error: {type(exc).__name__}: {exc}"
+        logger.error("worker %s: entry %s of level %d dead-lettered: %s", self.name, parsed.entry_id.decode(),
+                     parsed.level, reason, exc_info=exc)
+        dead.append(DeadLetter(parsed.entry_id, parsed.fields, reason, level=parsed.level))
+        address = reply_address(parsed.fields)
+        if address is None:
+            return []
+        return [Answer(*address, _dead(type(exc).__name__, reason), reply_version(parsed.fields))]
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]],
                 pushes: Pushes | None = None) -> None:
@@ -432,7 +484,7 @@ class RedisWorker:
                 self._lane.adopt([self._parse(entry, level) for entry in claimed])
             elif claimed:
                 parsed = [self._parse(entry, level) for entry in claimed]
-                self._process(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
+                self._process_guarded(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
 
     def _dead_letter_claimed(self, level: int, claimed: list[Entry], deliveries: dict[bytes, int]) -> None:
         answers, dead = [], []

@@ -182,17 +182,23 @@ class Ticker(GenerativeModel):
     """Item ``{"n": steps, "fail_at": k}`` yields ``[i, live]`` at step i (live: sequences live at
     that step) for n steps; a step raises once any live item reaches its ``fail_at``; an item
     that is not a dict is refused at start. ``delay`` seconds per step; ``sampling`` makes the
-    model non-deterministic; ``kill_at``: the process dies when any item reaches that step."""
+    model non-deterministic; ``kill_at``: the process dies when any item reaches that step;
+    ``log``: a file where every item started is written, one ``repr`` a line."""
 
-    def init_model(self, delay: float = 0.0, sampling: bool = False, kill_at: int | None = None) -> None:
+    def init_model(self, delay: float = 0.0, sampling: bool = False, kill_at: int | None = None,
+                   log: str | None = None) -> None:
         self.delay = delay
         self.deterministic = not sampling
         self.kill_at = kill_at
+        self.log = log
         self.live: dict[int, list[Any]] = {}
 
     def start(self, items: Mapping[int, Any]) -> None:
         if not all(isinstance(item, dict) and isinstance(item.get("n"), int) for item in items.values()):
             raise TypeError('a Ticker item is {"n": int}')
+        if self.log:
+            with open(self.log, "a") as log:
+                log.writelines(f"{item!r}\n" for item in items.values())
         for key, item in items.items():
             self.live[key] = [item, 0]
 

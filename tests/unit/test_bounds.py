@@ -13,7 +13,7 @@ from rstreamer.jobs.sink import Place, place_of
 from rstreamer.jobs.sync import JobInfo, JobState, Progress, parse_info, ttl_ms
 from rstreamer.settings import MAX_JOB_TTL, MAX_TIMEOUT, ClientSettings, JobSettings, check_timeout
 from rstreamer.wire.keys import Keys
-from rstreamer.wire.messages import MAX_DURATION_MS, MalformedEntry, parse_request, reply_ttl_ms
+from rstreamer.wire.messages import MAX_DURATION_MS, MAX_WIRE_MS, MalformedEntry, parse_request, reply_ttl_ms
 from rstreamer.wire.scripts import source
 from webapp import protocol
 from webapp.jobs import parse_job_request
@@ -61,16 +61,16 @@ def test_settings_beyond_the_bounds_fail_at_start():
         ClientSettings(timeout=math.nan)
 
 
-def test_an_entry_whose_remaining_timeout_exceeds_the_bound_is_malformed():
+def test_an_entry_whose_remaining_timeout_is_not_a_wire_time_is_malformed():
     fields = {b"v": b"2", b"t": b"ab:1", b"i": b"0", b"d": b"0", b"p": b"\x01"}
-    assert parse_request(b"1000-0", {**fields, b"r": str(MAX_DURATION_MS).encode()}, 1024).payload == 1
-    for bad in (str(MAX_DURATION_MS + 1).encode(), b"1e+18", b"-1"):
+    assert parse_request(b"1000-0", {**fields, b"r": str(MAX_WIRE_MS).encode()}, 1024).payload == 1
+    for bad in (str(MAX_WIRE_MS + 1).encode(), b"1e+18", b"-1"):
         with pytest.raises(MalformedEntry, match="invalid deadline"):
             parse_request(b"1000-0", {**fields, b"r": bad}, 1024)
 
 
 def test_a_reply_ttl_never_exceeds_what_the_finish_script_accepts():
-    assert reply_ttl_ms(60, [1e15], 0.0) == MAX_DURATION_MS
+    assert reply_ttl_ms(60, [1e15], 0.0) == MAX_DURATION_MS  # an entry may carry up to MAX_WIRE_MS
     assert reply_ttl_ms(60, [10.0], 0.0) == 60_000
 
 
