@@ -102,7 +102,7 @@ class SlotCache:
         if self.rows == 0:
             self.end = 0  # nothing to keep: start over at the first column
         if self.end < width:
-            self._shift(width - self.end)
+            self._end_at(width)
         self._reserve_rows(self.rows + len(lengths))
         self._reserve_column()
         for j, length in enumerate(lengths):
@@ -166,11 +166,11 @@ class SlotCache:
         grown = columns * 2 if 2 * self.window > columns else columns
         self._resize(capacity, grown)
 
-    def _shift(self, delta: int) -> None:
-        """Move every row ``delta`` columns to the right (a joining prompt is longer than the window)."""
+    def _end_at(self, end: int) -> None:
+        """Move every row right so that the next column is ``end`` (a joining prompt has ``end``
+        tokens, more than there are columns left of the next one)."""
         capacity, columns = self.keys.shape[1], self.keys.shape[3]
-        needed = self.end - self.left + delta + 1
-        self._resize(capacity, max(columns, _pow2(needed)), shift=delta)
+        self._resize(capacity, max(columns, _pow2(end + 1)), shift=end - (self.end - self.left))
 
 
 def _pow2(n: int) -> int:

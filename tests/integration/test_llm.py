@@ -104,12 +104,13 @@ def test_greedy_answers_the_capital_of_france(chat: ChatModel) -> None:
 
 
 def test_sequences_share_forward_passes_and_join_mid_flight(chat: ChatModel) -> None:
-    items = {0: ask("Name a fruit.", max_tokens=10), 1: ask("Say hello in French.", max_tokens=10),
+    items = {0: ask("Tell me a story.", max_tokens=10), 1: ask("Describe the sea.", max_tokens=10),
              2: {"prompt": "The sky is", "max_tokens": 8, "temperature": 0}}
     solo = {key: alone(chat, item) for key, item in items.items()}
     with Forwards(chat) as forwards:
         together = generate(chat, {0: items[0], 1: items[1]}, joining={3: {2: items[2]}})
     assert together == solo  # batched, joined late: the same answers as alone
+    assert [chunks[-1]["finish_reason"] for chunks in solo.values()] == ["length"] * 3
     assert forwards.sizes[:3] == [2, 2, 2] and forwards.sizes[3] == 3  # one pass per step for all live ones
     assert max(forwards.sizes) == 3 and len(forwards.sizes) < sum(len(c) for c in solo.values())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from workers.llm_batch import SlotCache, plan_prefill
@@ -80,14 +81,15 @@ def test_rows_join_and_leave_and_each_attends_to_its_own_tokens() -> None:
     assert cache.rows == 0 and cache.end == 0
 
 
-def test_many_random_joins_and_leaves() -> None:
-    rng = random.Random(1)
+@pytest.mark.parametrize("seed", range(4))
+def test_many_random_joins_and_leaves(seed: int) -> None:
+    rng = random.Random(seed)
     cache, ref = SlotCache(LAYERS, HEADS, DIM, rows=1, columns=2), Reference()
-    for _ in range(120):
+    for _ in range(150):
         action = rng.random()
         if action < 0.25 and len(ref.rows) < 8:
-            join(cache, ref, rng.randint(0, 12), pad=rng.randint(0, 3))
-        elif action < 0.4 and ref.rows:
+            join(cache, ref, rng.choice([rng.randint(0, 4), rng.randint(0, 30)]), pad=rng.randint(0, 3))
+        elif action < 0.5 and ref.rows:
             remove(cache, ref, rng.randrange(len(ref.rows)))
         elif ref.rows:
             decode(cache, ref)
@@ -110,3 +112,16 @@ def test_prefill_groups_similar_lengths_within_the_budget() -> None:
     assert plan_prefill(prompts, budget=40) == [[0, 2, 3], [1], [4]]
     assert plan_prefill(prompts, budget=10_000) == [[0, 2, 3, 1, 4]]
     assert plan_prefill([[], []]) == [[0, 1]]
+
+
+def test_a_long_prompt_joins_after_the_oldest_rows_left() -> None:
+    # The window starts right of column 0 (its oldest rows left) and a longer prompt joins.
+    cache, ref = SlotCache(LAYERS, HEADS, DIM, rows=2, columns=4), Reference()
+    join(cache, ref, 2)
+    decode(cache, ref)
+    join(cache, ref, 0)
+    remove(cache, ref, 0)
+    assert cache.left == cache.end == 3
+    join(cache, ref, 5)
+    decode(cache, ref)
+    assert cache.starts == [cache.end - 1, cache.end - 6]
