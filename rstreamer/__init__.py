@@ -14,6 +14,7 @@ from .errors import (
     DeadLettered,
     DecodeError,
     EncodeError,
+    InvalidInput,
     InvalidJobId,
     InvalidPriority,
     JobCancelled,
@@ -28,6 +29,7 @@ from .errors import (
     WorkerStartupError,
 )
 from .jobs.sync import Job, JobItem, JobState, Progress
+from .jobs.webhook_http import verify_webhook_signature
 from .local import Streamer, ThreadedStreamer
 from .model.generative import GenerativeModel, Step
 from .model.managed import ManagedModel
@@ -54,6 +56,7 @@ __all__ = [
     "EncodeError",
     "Future",
     "GenerativeModel",
+    "InvalidInput",
     "InvalidJobId",
     "InvalidPriority",
     "Job",
@@ -81,4 +84,5 @@ __all__ = [
     "WorkerStartupError",
     "register_type",
     "run_redis_workers_forever",
+    "verify_webhook_signature",
 ]

@@ -138,9 +138,9 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
                 body = request.get_data(cache=False)
             except RequestEntityTooLarge:
                 raise protocol.too_large(config.max_body) from None
-            job_request = jobs.parse_job_request(request.content_type, body)
+            job_request = jobs.parse_job_request(request.content_type, body, request.headers)
             job = streamer.get().submit_job(job_request.inputs, ttl=job_request.ttl, meta=job_request.meta,
-                                          webhook=job_request.webhook)
+                                          webhook=job_request.webhook, tenant=job_request.tenant)
             return (202, *jobs.submitted(job.id))
         return answer("/jobs", submit)
 
@@ -150,7 +150,7 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
             start, count = jobs.page_params(request.args)
             job = streamer.get().job(job_id)
             info = job.info()
-            items = job.results_page(start, count) if jobs.wants_outputs(info) else None
+            items = job.results_page(start, count) if jobs.wants_outputs(info, count) else None
             return 200, jobs.status_body(info, items, start, count), {}
         return answer("/jobs/<id>", show)
 

@@ -27,15 +27,16 @@ from rstreamer.wire.published import parse_read_workers
 from rstreamer.wire.scripts import scripts
 
 from . import jobs, metrics, protocol, sse
-from .config import WebConfig
+from .config import WebConfig, settings_or_exit
 from .gate import WorkerGate
 
 T = TypeVar("T")
 
 
 def create_app(config: WebConfig | None = None) -> Starlette:
-    """The Starlette app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
-    config = config or WebConfig.from_env()
+    """The Starlette app, configured by ``config`` (default: from the environment; an invalid
+    setting stops the server with one line, see :func:`webapp.config.settings_or_exit`)."""
+    config = config or settings_or_exit("rstreamer web app (ASGI)")
     config.announce("rstreamer web app (ASGI)")
     keys = Keys(config.prefix)
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
@@ -132,9 +133,10 @@ async def _job_answer(route: str, handler: Callable[[], Awaitable[tuple[int, byt
 async def _submit_job(request: Request) -> Response:
     async def submit() -> tuple[int, bytes, dict[str, str]]:
         body = await _read_body(request, request.app.state.config.max_body)
-        job_request = jobs.parse_job_request(request.headers.get("content-type"), body)
+        job_request = jobs.parse_job_request(request.headers.get("content-type"), body, request.headers)
         job = await request.app.state.streamer.submit_job(job_request.inputs, ttl=job_request.ttl,
-                                                          meta=job_request.meta, webhook=job_request.webhook)
+                                                          meta=job_request.meta, webhook=job_request.webhook,
+                                                          tenant=job_request.tenant)
         return (202, *jobs.submitted(job.id))
     return await _job_answer("/jobs", submit)
 
@@ -144,7 +146,7 @@ async def _show_job(request: Request) -> Response:
         start, count = jobs.page_params(request.query_params)
         job = await request.app.state.streamer.job(request.path_params["job_id"])
         info = await job.info()
-        items = await job.results_page(start, count) if jobs.wants_outputs(info) else None
+        items = await job.results_page(start, count) if jobs.wants_outputs(info, count) else None
         return 200, jobs.status_body(info, items, start, count), {}
     return await _job_answer("/jobs/<id>", show)
 

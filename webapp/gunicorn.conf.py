@@ -24,6 +24,15 @@ keepalive = 5
 control_socket_disable = True
 
 
+def on_starting(server: Any) -> None:  # gunicorn's Arbiter (untyped)
+    """Refuse to start, in one line and before any worker forks, when a setting of the app is
+    invalid: workers that fail to build the app would only end the server with a traceback, and a
+    broker URL that is not Redis's would fail every request."""
+    from webapp.config import settings_or_exit
+
+    settings_or_exit("rstreamer web app (gunicorn)")
+
+
 def post_fork(server: Any, worker: Any) -> None:  # gunicorn's Arbiter and Worker (untyped)
     """Each worker gets its own Redis clients, even when the app was built in the master (--preload)."""
     app_module = sys.modules.get("webapp.app")

@@ -157,6 +157,7 @@ class _Loaded:
     context: int
     default_max_tokens: int
     ends: frozenset[int]
+    max_token_chars: int | None
 
     def _load(self, threads: int | None, cache_dir: str | None, gguf: str | None, context: int | None,
               default_max_tokens: int) -> None:
@@ -172,12 +173,15 @@ class _Loaded:
         self.context = min(context, window) if context else window
         self.default_max_tokens = default_max_tokens
         self.ends = end_ids(self.tokenizer, self.model)
+        # A token stands for at most this many characters (byte-level BPE: one per byte), so a
+        # longer text than context times this is refused before it is tokenized.
+        self.max_token_chars = max((len(token) for token in self.tokenizer.get_vocab()), default=0) or None
 
     def parse(self, item: Any) -> Any:
         """The checked request of an item (:func:`workers.llm_text.parse_request`)."""
         from .llm_text import parse_request
 
-        return parse_request(item, self.tokenizer, self.context, self.default_max_tokens)
+        return parse_request(item, self.tokenizer, self.context, self.default_max_tokens, self.max_token_chars)
 
 
 class ChatModel(_Loaded, GenerativeModel):
@@ -275,11 +279,13 @@ class RequestLevelChat(_Loaded, ManagedModel):
         """Run the batch to its longest ``max_tokens`` in one padded ``generate()``."""
         import torch
 
-        from .llm_text import Generation, InvalidRequest
+        from rstreamer.errors import InvalidInput
+
+        from .llm_text import Generation
 
         requests = [self.parse(item) for item in batch]
         if any(not request.greedy for request in requests):
-            raise InvalidRequest("RequestLevelChat decodes greedily only: set temperature to 0")
+            raise InvalidInput("RequestLevelChat decodes greedily only: set temperature to 0")
         width = max(len(request.prompt_ids) for request in requests)
         pad = int(self.model.generation_config.pad_token_id or 0)
         ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])

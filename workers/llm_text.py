@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rstreamer.errors import InvalidInput
 from rstreamer.model.generative import Step
 
 FIELDS = frozenset({"messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop"})
@@ -27,10 +28,6 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 CONTEXT_WINDOW = 5
 """Prompt tokens decoded along with the answer, so that a tokenizer that drops a leading space
 of a piece decoded alone still gives the right text."""
-
-
-class InvalidRequest(ValueError):
-    """An item the chat model refuses: its message says what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -50,52 +47,59 @@ class ChatRequest:
         return self.temperature == 0
 
 
-def parse_request(item: Any, tokenizer: Any, context: int, default_max_tokens: int) -> ChatRequest:
-    """Check an item and tokenize its prompt; raises :class:`InvalidRequest` saying what is wrong."""
+def parse_request(item: Any, tokenizer: Any, context: int, default_max_tokens: int,
+                  max_token_chars: int | None = None) -> ChatRequest:
+    """Check an item and tokenize its prompt; raises :class:`~rstreamer.errors.InvalidInput`
+    saying what is wrong. ``max_token_chars`` (the most characters one token stands for) refuses
+    a prompt that cannot fit the context before it is tokenized."""
     if not isinstance(item, dict):
-        raise InvalidRequest(f"an item is a dict with 'messages' or 'prompt', got {type(item).__name__}")
+        raise InvalidInput(f"an item is a dict with 'messages' or 'prompt', got {type(item).__name__}")
     unknown = sorted(str(key) for key in item if key not in FIELDS)
     if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; an item has {', '.join(sorted(FIELDS))}")
-    prompt_ids = _prompt_ids(item, tokenizer)
+        raise InvalidInput(f"unknown field(s) {', '.join(unknown)}; an item has {', '.join(sorted(FIELDS))}")
+    prompt_ids = _prompt_ids(item, tokenizer, context, max_token_chars)
     max_tokens = _max_tokens(item.get("max_tokens"), len(prompt_ids), context, default_max_tokens)
     return ChatRequest(prompt_ids, max_tokens, _number(item, "temperature", 1.0, 0.0, 2.0),
                        _top_p(item.get("top_p", 1.0)), _seed(item.get("seed")), _stops(item.get("stop")))
 
 
-def _prompt_ids(item: dict[str, Any], tokenizer: Any) -> list[int]:
+def _prompt_ids(item: dict[str, Any], tokenizer: Any, context: int, max_token_chars: int | None) -> list[int]:
     has_messages, has_prompt = item.get("messages") is not None, item.get("prompt") is not None
     if has_messages == has_prompt:
-        raise InvalidRequest("an item has exactly one of 'messages' (a chat) or 'prompt' (a text to continue)")
+        raise InvalidInput("an item has exactly one of 'messages' (a chat) or 'prompt' (a text to continue)")
     if has_prompt:
         if not isinstance(item["prompt"], str) or not item["prompt"]:
-            raise InvalidRequest("'prompt' must be a non-empty string")
+            raise InvalidInput("'prompt' must be a non-empty string")
         text = item["prompt"]
     else:
         text = tokenizer.apply_chat_template(_messages(item["messages"]), add_generation_prompt=True,
                                              tokenize=False)
+    if max_token_chars and len(text) > context * max_token_chars:
+        # More tokens than the context for certain: refused without the cost of tokenizing it.
+        raise InvalidInput(f"the prompt has {len(text)} characters: more than this model's context of {context} "
+                           f"tokens can hold; shorten it")
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
-        raise InvalidRequest("the prompt has no tokens")
+        raise InvalidInput("the prompt has no tokens")
     return ids
 
 
 def _messages(messages: Any) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty list of {'role', 'content'} objects")
+        raise InvalidInput("'messages' must be a non-empty list of {'role', 'content'} objects")
     return [_message(index, message) for index, message in enumerate(messages)]
 
 
 def _message(index: int, message: Any) -> dict[str, str]:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise InvalidRequest(f"{where} must be an object with 'role' and 'content'")
+        raise InvalidInput(f"{where} must be an object with 'role' and 'content'")
     extra = sorted(str(key) for key in message if key not in ("role", "content", "name"))
     if extra:
-        raise InvalidRequest(f"{where} has unknown field(s) {', '.join(extra)}")
+        raise InvalidInput(f"{where} has unknown field(s) {', '.join(extra)}")
     role = message.get("role")
     if role not in ROLES:
-        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
+        raise InvalidInput(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
     return {"role": ROLES[role], "content": _content(where, message.get("content"))}
 
 
@@ -107,7 +111,7 @@ def _content(where: str, content: Any) -> str:
             isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
             for part in content):
         return "".join(part["text"] for part in content)
-    raise InvalidRequest(f"{where}.content must be a string or a list of text parts")
+    raise InvalidInput(f"{where}.content must be a string or a list of text parts")
 
 
 def _is_int(value: Any) -> bool:
@@ -117,13 +121,13 @@ def _is_int(value: Any) -> bool:
 def _max_tokens(value: Any, prompt: int, context: int, default: int) -> int:
     if value is None:
         if prompt >= context:
-            raise InvalidRequest(f"this model's context is {context} tokens, and the prompt alone has {prompt}; "
+            raise InvalidInput(f"this model's context is {context} tokens, and the prompt alone has {prompt}; "
                                  f"shorten the prompt")
         return min(default, context - prompt)
     if not _is_int(value) or value < 1:
-        raise InvalidRequest(f"'max_tokens' must be an integer >= 1, got {value!r}")
+        raise InvalidInput(f"'max_tokens' must be an integer >= 1, got {value!r}")
     if prompt + value > context:
-        raise InvalidRequest(f"this model's context is {context} tokens, but {prompt + value} were requested "
+        raise InvalidInput(f"this model's context is {context} tokens, but {prompt + value} were requested "
                              f"({prompt} in the prompt, {value} in max_tokens); shorten the prompt or max_tokens")
     return int(value)
 
@@ -133,7 +137,7 @@ def _number(item: dict[str, Any], name: str, default: float, low: float, high: f
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise InvalidRequest(f"'{name}' must be a number from {low:g} to {high:g}, got {value!r}")
+        raise InvalidInput(f"'{name}' must be a number from {low:g} to {high:g}, got {value!r}")
     return float(value)
 
 
@@ -141,7 +145,7 @@ def _top_p(value: Any) -> float:
     if value is None:
         return 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value <= 1):
-        raise InvalidRequest(f"'top_p' must be a number above 0 and at most 1, got {value!r}")
+        raise InvalidInput(f"'top_p' must be a number above 0 and at most 1, got {value!r}")
     return float(value)
 
 
@@ -149,7 +153,7 @@ def _seed(value: Any) -> int | None:
     if value is None:
         return None
     if not _is_int(value) or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-        raise InvalidRequest(f"'seed' must be a 64-bit integer, got {value!r}")
+        raise InvalidInput(f"'seed' must be a 64-bit integer, got {value!r}")
     return int(value)
 
 
@@ -159,7 +163,7 @@ def _stops(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if (not isinstance(stops, list) or len(stops) > MAX_STOPS
             or not all(isinstance(stop, str) and stop for stop in stops)):
-        raise InvalidRequest(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them")
+        raise InvalidInput(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them")
     return tuple(stops)
 
 

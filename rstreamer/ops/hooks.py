@@ -20,9 +20,14 @@ class WorkerHooks:
     def server_time(self, server_ms: int) -> None:
         """The Redis server's clock (ms) as just read: lets queue waits be measured on it."""
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = (),
+                      running: int | None = None) -> None:
         """A batch of stream entries was read (``closed``: why it closed) and is about to run;
-        ``levels``: each entry's priority level (empty: all level 0)."""
+        ``levels``: each entry's priority level (empty: all level 0).
+
+        A generative lane's batch is one model step: ``entries`` are the items that join the
+        running sequences at this step (each is named once, when it starts), and ``running``
+        counts every sequence the step advances (None: the batch is ``entries``)."""
 
     def batch_done(self) -> None:
         """The batch's replies and acks are in Redis."""
@@ -39,10 +44,11 @@ class ChainedHooks(WorkerHooks):
         for hook in self.hooks:
             hook.server_time(server_ms)
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = (),
+                      running: int | None = None) -> None:
         """Tell every observer that a batch starts."""
         for hook in self.hooks:
-            hook.batch_started(entries, closed, batch_size, levels)
+            hook.batch_started(entries, closed, batch_size, levels, running)
 
     def batch_done(self) -> None:
         """Tell every observer that the batch is done."""

@@ -55,6 +55,8 @@ WORKER_COUNTERS = {
     "expired": ("rstreamer_worker_expired", "Items not run because their deadline had passed."),
     "reclaimed": ("rstreamer_worker_reclaimed", "Entries taken over from dead workers."),
     "dead_lettered": ("rstreamer_worker_dead_lettered", "Entries moved to the dead-letter stream."),
+    "cancelled": ("rstreamer_worker_cancelled", "Items their callers withdrew after this worker read them: not "
+                  "run (a generative model: not started, or stopped between two steps)."),
 }
 
 
@@ -136,17 +138,22 @@ class WorkerMetrics(WorkerHooks):
         """Keep the offset of the Redis server's clock, to time queue waits on it."""
         self._offset_ms = server_ms - time.time() * 1000
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
-        """Observe the batch's queue waits (per priority level) and fill, and why it closed."""
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = (),
+                      running: int | None = None) -> None:
+        """Observe the batch's queue waits (per priority level) and fill, and why it closed.
+
+        ``running``: the items the batch runs when more than ``entries`` (a generative step also
+        advances the sequences started before; only the joining ones waited in the queue)."""
         now_ms = time.time() * 1000 + self._offset_ms
         for (entry_id, _), level in zip(entries, list(levels) or [0] * len(entries), strict=True):
             wait = max(0.0, now_ms - entry_ms(entry_id)) / 1000
             self._queue_wait.observe(wait)
             self._level_wait.labels(self.prefix, str(level)).observe(wait)
-        self._fill.observe(len(entries) / max(1, batch_size))
+        size = len(entries) if running is None else running
+        self._fill.observe(size / max(1, batch_size))
         if closed in self._closed:
             self._closed[closed].inc()
-        self._in_flight.set(len(entries))
+        self._in_flight.set(size)
         self._predict_end = None
 
     def batch_done(self) -> None:
@@ -159,8 +166,9 @@ class WorkerMetrics(WorkerHooks):
         """Expose the counters of ``stats`` (a live WorkerStats)."""
         self.registry.register(StatsCollector(self.prefix, stats, worker, gpu))
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` on ``port`` from a daemon thread; raises OSError if the port is taken."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` on ``addr:port`` from a daemon thread (default: this machine only, as
+        the dashboard); raises OSError if the port is taken."""
         self._server, _ = start_http_server(port, addr, registry=self.registry)
 
     def close(self) -> None:

@@ -104,11 +104,13 @@ class WorkerTracer(WorkerHooks):
         """Keep the offset of the Redis server's clock, to date the queue-wait spans on it."""
         self._offset_ms = server_ms - time.time() * 1000
 
-    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = ()) -> None:
-        """One queue-wait span per traced entry, and a batch span linked to their callers' spans."""
+    def batch_started(self, entries: Sequence[Entry], closed: str, batch_size: int, levels: Sequence[int] = (),
+                      running: int | None = None) -> None:
+        """One queue-wait span per traced entry, and a batch span linked to their callers' spans
+        (``running``: the batch's size when it runs more than ``entries``, a generative step)."""
         now_ns = time.time_ns()
         parents = []
-        for entry_id, fields in entries:
+        for (entry_id, fields), level in zip(entries, list(levels) or [0] * len(entries), strict=True):
             parent = parent_of(fields)
             if parent is None:
                 continue
@@ -117,12 +119,14 @@ class WorkerTracer(WorkerHooks):
             context = self._trace.set_span_in_context(self._trace.NonRecordingSpan(parent))
             span = self._tracer.start_span("rstreamer.queue_wait", context=context, start_time=min(queued_ns, now_ns),
                                            attributes={"rstreamer.prefix": self.prefix,
-                                                       "rstreamer.entry_id": entry_id.decode()})
+                                                       "rstreamer.entry_id": entry_id.decode(),
+                                                       "rstreamer.level": level})
             span.end(end_time=now_ns)
         self._batch = self._tracer.start_span(
             "rstreamer.batch", kind=self._trace.SpanKind.CONSUMER, start_time=now_ns,
             links=[self._trace.Link(parent) for parent in {(p.trace_id, p.span_id): p for p in parents}.values()],
-            attributes={"rstreamer.prefix": self.prefix, "rstreamer.batch.size": len(entries),
+            attributes={"rstreamer.prefix": self.prefix,
+                        "rstreamer.batch.size": len(entries) if running is None else running,
                         "rstreamer.batch.limit": batch_size, "rstreamer.batch.closed": closed})
 
     def batch_done(self) -> None:
@@ -164,4 +168,18 @@ def configure_from_env() -> None:
                        "worker spans are not exported")
     else:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        logger.info("tracing: worker spans go over OTLP/HTTP to %s as service %r", otlp_traces_endpoint(),
+                    os.environ.get("OTEL_SERVICE_NAME", "rstreamer-worker"))
     trace.set_tracer_provider(provider)
+
+
+def otlp_traces_endpoint() -> str:
+    """Where the OTLP/HTTP exporter sends spans, as it reads the standard variables (for the
+    start-up line; credentials in the URL are hidden)."""
+    from ..broker.connection import redacted
+
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return redacted(traces)
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
+    return redacted(base.rstrip("/") + "/v1/traces")

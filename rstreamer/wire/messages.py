@@ -48,7 +48,21 @@ this fraction of the call's timeout: a new item would wait about as long, and th
 REPLY_GRACE = 1.0
 """Seconds a reply outlives its caller's deadline (the caller's own clock started a bit earlier)."""
 
+MAX_DURATION_MS = 366 * 24 * 3600 * 1000
+"""The longest duration, in ms, that any Lua script accepts (remaining timeouts, TTLs;
+lua/include/checks.lua checks the same number before it writes anything), and so the longest a
+reply key lives (:func:`reply_ttl_ms`). It exceeds the clients' limits (settings.MAX_TIMEOUT,
+settings.MAX_JOB_TTL), so no client of this version ever meets it, and it keeps every number a
+script computes an integer Redis accepts."""
+
 _ENVELOPE = 1024  # bytes a reply message may need beyond its outputs (headers, indexes, errors)
+
+MAX_INDEX = 2**32 - 1
+"""The largest item index an entry may carry (a batch is far smaller; a larger one could not be
+answered: msgpack and the Lua scripts stop at 64 bits)."""
+MAX_WIRE_MS = 2**53
+"""The largest time in ms (remaining timeout, version-1 deadline) an entry may carry: exact as
+a float, and a reply TTL derived from it stays within what PEXPIRE accepts."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +96,10 @@ def reply_address(fields: Mapping[bytes, bytes] | None) -> tuple[str, int] | Non
     if token is None or not is_answer_token(token):
         return None
     try:
-        return token, int(fields.get(INDEX, b""))
+        index = int(fields.get(INDEX, b""))
     except ValueError:
         return None
+    return (token, index) if 0 <= index <= MAX_INDEX else None
 
 
 def entry_version(fields: Mapping[bytes, bytes] | None) -> int | None:
@@ -128,9 +143,9 @@ def parse_request(
             f"{WIRE_VERSION}): upgrade the workers before the web fleet", token, index)
     try:
         if version == WIRE_VERSION:
-            deadline = entry_time(entry_id) + int(fields[REMAINING]) / 1000
+            deadline = entry_time(entry_id) + _wire_ms(fields[REMAINING]) / 1000
         else:
-            deadline = int(fields[DEADLINE]) / 1000 + wall_to_server
+            deadline = _wire_ms(fields[DEADLINE]) / 1000 + wall_to_server
     except (KeyError, ValueError):
         raise MalformedEntry("missing or invalid deadline", token, index, version) from None
     if PAYLOAD not in fields:
@@ -140,6 +155,15 @@ def parse_request(
     except DecodeError as exc:
         raise MalformedEntry(f"undecodable payload: {exc}", token, index, version) from None
     return Request(entry_id, token, index, deadline, payload, version)
+
+
+def _wire_ms(raw: bytes) -> int:
+    """A time in ms from an entry; ValueError unless it is an integer in 0..MAX_WIRE_MS (a huge
+    one would overflow the deadline's float or the reply's PEXPIRE)."""
+    value = int(raw)
+    if not 0 <= value <= MAX_WIRE_MS:
+        raise ValueError(f"{value} ms is out of range")
+    return value
 
 
 # admission (the ENQUEUE_CALLS script) ------------------------------------------------------
@@ -322,9 +346,10 @@ def pack_results(results: Iterable[tuple[int, Outcome[Any]]], version: int = WIR
 
 
 def reply_ttl_ms(floor: float, deadlines: Iterable[float], now: float) -> int:
-    """How long a reply key lives: until its last caller's deadline has passed, at least ``floor`` s."""
+    """How long a reply key lives: until its last caller's deadline has passed, at least ``floor``
+    s, at most MAX_DURATION_MS (what the FINISH script accepts)."""
     latest = max(deadlines, default=now)
-    return int(max(floor, latest - now + REPLY_GRACE) * 1000)
+    return min(MAX_DURATION_MS, int(max(floor, latest - now + REPLY_GRACE) * 1000))
 
 
 def _decode_output(item: Any, version: int, max_bytes: int) -> Outcome[Any]:

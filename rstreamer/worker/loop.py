@@ -16,8 +16,10 @@ from typing import Any
 
 import redis
 
-from ..batching.batcher import Batcher, BatchObserver, Failure, Outcome, answer_batch
+from ..batching.batcher import WITHDRAWN, Batcher, BatchObserver, Failure, Outcome, answer_batch
 from ..batching.costing import OomGuard, oom_error_types, safe_cost
+from ..batching.priority import Levels
+from ..batching.quotas import Quotas
 from ..broker.clock import ServerClock
 from ..broker.connection import create_redis, is_nogroup, normalize_broker_url, redacted
 from ..errors import FailureKind
@@ -108,9 +110,13 @@ class RedisWorker:
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
                                       self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
         self._finish_script = scripts(self._redis).finish
-        # Items of durable jobs (rstreamer.jobs.sync); they ride the least urgent level by default.
-        self._jobs = JobSink(self._redis, self.keys, least_urgent=self.levels.count - 1)
-        self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
+        # Items of durable jobs (rstreamer.jobs): admitted, recorded and fed (rstreamer.jobs.sink).
+        self._jobs = JobSink(self._redis, self.keys)
+        # A thread: never blocks the model. It takes over the deliveries of dead workers as the
+        # reclaimers take over their entries.
+        self._webhooks = WebhookSender(self.url, self.keys, self.name, self.settings.webhooks,
+                                       dead_after=self.settings.dead_after,
+                                       reclaim_interval=self.settings.reclaim_interval)
         heartbeat_ttl = self.settings.dead_after * 10
         self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
         self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,
@@ -146,22 +152,29 @@ class RedisWorker:
         if gpu_id is not None:
             self.gpu_id = gpu_id
         self._install_signal_handlers()
-        if self._predict is _not_loaded:
-            self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
+        self.load_model()
         warn_if_gpu_invisible(self.gpu_id)
         if not self._connect():
             self._finish_drain()
             return
         self._beater.start()
         self._webhooks.start()
-        logger.info("worker %s: serving prefix %r on %s, batch %d, max latency %.3fs",
-                    self.name, self.keys.prefix, redacted(self.url), self.policy.batch_size, self.policy.max_latency)
+        logger.info("worker %s: serving prefix %r on %s: %s", self.name, self.keys.prefix, redacted(self.url),
+                    serving_summary(self.settings, self.levels, self.quotas, generative=self._lane is not None))
         try:
             while not self._stopping.is_set():
                 self._beater.tick()
                 self.step()
         finally:
             self._shutdown()
+
+    def load_model(self) -> None:
+        """Build the model and run its ``init_model`` (once; :meth:`run_forever` calls it too).
+
+        Raises whatever ``init_model`` raises, and ConfigError for a model that does not import.
+        """
+        if self._predict is _not_loaded:
+            self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
 
     def _use_model(self, predict: Predictor) -> None:
         """Serve ``predict``; batch by its model's ``cost()`` when it defines one."""
@@ -170,7 +183,8 @@ class RedisWorker:
         if generative is not None:
             # A generative model is stepped by the lane (continuous batching), batch_size
             # sequences at most: see rstreamer.worker.generative_lane.
-            io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._clock.now)
+            io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._poisoned, self._jobs.admit,
+                        self._clock.now, hooks=lambda: self.hooks, observe=lambda: self.observe)
             self._lane = GenerativeLane(generative, self._redis, self.keys, io, self.stats, self.policy.batch_size,
                                         self.settings.max_batch_cost or None, self.settings.reply_ttl)
         cost, oom_errors = model_costing(predict)
@@ -242,6 +256,8 @@ class RedisWorker:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
+                # Jobs whose feed their quota or their level's bound held back (one ZRANGEBYSCORE).
+                self._jobs.pump(int(self._clock.now() * 1000))
             if self._lane is not None:
                 self._lane.step(self.settings.idle_block)
                 return
@@ -253,12 +269,41 @@ class RedisWorker:
         except redis.RedisError as exc:
             # e.g. a failover's READONLY: transient, keep the worker alive.
             self._back_off(f"Redis error {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            # A defect that no one entry could be blamed for (those are dead-lettered where they
+            # are handled): no input may end the worker. What it read is served again.
+            logger.exception("worker %s: unexpected error", self.name)
+            self._back_off(f"unexpected error {type(exc).__name__}: {exc}")
 
     def _run(self, batch: list[Parsed], costs: list[int]) -> None:
         self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
                                  [parsed.level for parsed in batch])
-        self._process(batch, costs)
+        self._process_guarded(batch, costs)
         self.hooks.batch_done()
+
+    def _process_guarded(self, batch: list[Parsed], costs: list[int]) -> None:
+        """:meth:`_process`, where an unexpected error dead-letters the entry that causes it:
+        the batch is run again one entry at a time to find it (answers are first-wins, so an
+        item answered twice is seen once)."""
+        try:
+            self._process(batch, costs)
+        except redis.RedisError:
+            raise
+        except Exception as exc:
+            if len(batch) > 1:
+                logger.warning("worker %s: a batch of %d raised %s; running its entries one at a time",
+                               self.name, len(batch), type(exc).__name__)
+                for parsed, cost in zip(batch, costs, strict=True):
+                    self._process_guarded([parsed], [cost])
+                return
+            dead: list[DeadLetter] = []
+            answers = self._poisoned(batch[0], exc, dead)
+            try:
+                self._finish(answers, dead, [batch[0].ref])
+            except redis.RedisError:
+                raise
+            except Exception:  # the answer itself is what fails: the dead letter alone
+                self._finish([], dead, [batch[0].ref])
 
     def _drain_held(self) -> None:
         """Run the items a cost-aware batcher (or the generative lane) still holds: they were
@@ -271,8 +316,9 @@ class RedisWorker:
                 if not batch:
                     return
                 self._run(batch, costs)
-        except redis.RedisError as exc:  # they stay pending: a peer reclaims them
-            logger.warning("worker %s: could not run the held items before stopping: %s", self.name, exc)
+        except Exception as exc:  # a Redis error, or a defect: they stay pending, a peer reclaims them
+            logger.warning("worker %s: could not run the held items before stopping: %s: %s", self.name,
+                           type(exc).__name__, exc)
 
     def _count_peers(self) -> None:
         """Count the live workers of the prefix: with peers, a burst is split between the idle
@@ -304,6 +350,11 @@ class RedisWorker:
             request = parse_request(entry_id, fields, self.settings.max_item_bytes, self._clock.wall_to_server())
         except MalformedEntry as exc:
             return Parsed(entry_id, fields, error=exc, level=level)
+        except Exception as exc:  # a defect in parsing: still this entry's, never the worker's
+            logger.exception("worker %s: parsing entry %s raised", self.name, entry_id.decode())
+            token, index = reply_address(fields) or (None, 0)
+            unreadable = MalformedEntry(f"unreadable: {type(exc).__name__}: {exc}", token, index, reply_version(fields))
+            return Parsed(entry_id, fields, error=unreadable, level=level)
         return Parsed(entry_id, fields, request, level=level)
 
     def _process(self, batch: list[Parsed], costs: list[int] | None = None) -> None:
@@ -312,21 +363,28 @@ class RedisWorker:
         request_costs: list[int] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
-        withdrawn = cancelled_items(self._redis, self.keys,
-                                    [(p.request.token, p.request.index) for p in batch if p.request is not None])
         for parsed, cost in zip(batch, costs or [1] * len(batch), strict=True):
-            if parsed.request is not None and (parsed.request.token, parsed.request.index) not in withdrawn:
+            if parsed.request is not None:
                 requests.append(parsed.request)
                 request_costs.append(cost)
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
-        self.stats.cancelled += len(withdrawn)
         requests, request_costs = self._jobs.admit(requests, request_costs)
-        ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
-                           hint=self._hint, oom=self._batcher.oom, costs=request_costs)
+        # Deadlines and withdrawals are checked right before every call of the model (each half
+        # of a batch that a failure splits included): nothing runs for a caller that is gone.
+        ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint,
+                           oom=self._batcher.oom, costs=request_costs, clock=self._clock.now,
+                           withdrawn=self._withdrawn)
         self._beater.tick()
-        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
-        self._finish(answers, dead, [(parsed.level, parsed.entry_id) for parsed in batch])
+        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran
+                    if outcome is not WITHDRAWN]
+        self.stats.cancelled += sum(outcome is WITHDRAWN for _, outcome in ran)
+        self._finish(answers, dead, [parsed.ref for parsed in batch])
+
+    def _withdrawn(self, requests: Sequence[Request]) -> set[int]:
+        """The positions of the requests whose callers withdrew them (rstreamer.cancel)."""
+        marked = cancelled_items(self._redis, self.keys, [(r.token, r.index) for r in requests])
+        return {position for position, r in enumerate(requests) if (r.token, r.index) in marked} if marked else set()
 
     def _malformed(self, parsed: Parsed, dead: list[DeadLetter]) -> list[Answer]:
         """Dead-letter a malformed entry; the answer to its caller when it named one."""
@@ -337,6 +395,18 @@ class RedisWorker:
         if not exc.token:
             return []
         return [Answer(exc.token, exc.index, _dead("DecodeError", str(exc)), exc.version)]
+
+    def _poisoned(self, parsed: Parsed, exc: Exception, dead: list[DeadLetter]) -> list[Answer]:
+        """Dead-letter an entry whose handling raised ``exc`` unexpectedly (a defect, not the
+        model's error); the answer to its caller when it named one."""
+        reason = f"unexpected error: {type(exc).__name__}: {exc}"
+        logger.error("worker %s: entry %s of level %d dead-lettered: %s", self.name, parsed.entry_id.decode(),
+                     parsed.level, reason, exc_info=exc)
+        dead.append(DeadLetter(parsed.entry_id, parsed.fields, reason, level=parsed.level))
+        address = reply_address(parsed.fields)
+        if address is None:
+            return []
+        return [Answer(*address, _dead(type(exc).__name__, reason), reply_version(parsed.fields))]
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]],
                 pushes: Pushes | None = None) -> None:
@@ -430,7 +500,7 @@ class RedisWorker:
                 self._lane.adopt([self._parse(entry, level) for entry in claimed])
             elif claimed:
                 parsed = [self._parse(entry, level) for entry in claimed]
-                self._process(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
+                self._process_guarded(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
 
     def _dead_letter_claimed(self, level: int, claimed: list[Entry], deliveries: dict[bytes, int]) -> None:
         answers, dead = [], []
@@ -443,6 +513,37 @@ class RedisWorker:
                 answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
         self._finish(answers, dead, [(level, entry_id) for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
+
+
+def serving_summary(settings: WorkerSettings, levels: Levels, quotas: Quotas, generative: bool = False) -> str:
+    """What a worker runs, for its start-up line: batching (max latency only where it applies: a
+    generative lane never waits for a batch to fill), cost budget, priority levels, tenant sharing
+    and quotas."""
+    if generative:
+        parts = [f"generative, up to {settings.batch_size} sequences at once"]
+    else:
+        parts = [f"batch {settings.batch_size}, max latency {settings.max_latency:.3f}s"]
+    if settings.max_batch_cost:
+        parts.append(f"max batch cost {settings.max_batch_cost} ({settings.cost_model})")
+    if levels.count == 1:
+        parts.append("one priority level")
+    else:
+        parts.append(f"{levels.count} priority levels, weights {','.join(map(str, levels.weights))}")
+        if any(levels.max_queue):
+            parts.append(f"level queue bounds {','.join(map(str, levels.max_queue))}")
+    parts.append("tenants share fairly" if levels.fair else "tenants in arrival order (fifo)")
+    parts.append(_quota_summary(quotas))
+    return ", ".join(parts)
+
+
+def _quota_summary(quotas: Quotas) -> str:
+    if not quotas.enabled:
+        return "no tenant quotas"
+    default = quotas.default
+    text = (f"tenant quota {default.rate:g} items/s, burst {default.burst}" if default.rate
+            else "no quota for other tenants")
+    own = "; ".join(f"{name} {quota.rate:g}/s burst {quota.burst}" for name, quota in sorted(quotas.tenants.items()))
+    return f"{text}{'; ' + own if own else ''}"
 
 
 def warn_if_gpu_invisible(gpu_id: int | None) -> None:

@@ -64,3 +64,8 @@ class Parsed:
     def entry(self) -> Entry:
         """The stream entry as it was read: (id, fields)."""
         return self.entry_id, self.fields
+
+    @property
+    def ref(self) -> tuple[int, bytes]:
+        """The entry's identity: (level, id); ids are unique per level's stream only."""
+        return self.level, self.entry_id

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 import redis
 
-from rstreamer import AsyncRedisStreamer, ConfigError, InvalidPriority, RateLimited, RedisStreamer
+from rstreamer import AsyncRedisStreamer, ConfigError, InvalidPriority, RateLimited, RedisStreamer, codec
 from rstreamer.batching.quotas import Quotas
+from rstreamer.wire.chunks import STREAMED, ChunkReader
 from rstreamer.wire.keys import Keys
+from rstreamer.wire.messages import unpack_results
 from support.procs import WorkerProcesses, wait_until
 from support.web import WebServers
 
@@ -116,6 +118,42 @@ def test_closing_a_stream_no_worker_has_read_withdraws_it_from_its_level(
         assert not redis_client.exists(Keys(prefix).cancelled(waiting._state.call.token))
         busy.close()
         assert [chunk[0] for chunk in streamer.stream({"n": 3}, timeout=20, priority=1)] == [0, 1, 2]
+
+
+def test_entries_with_the_same_id_on_two_levels_are_both_served(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    # Each level is a stream of its own, and two streams hand out the same ids (with fair sharing
+    # READ_LEVELS moves held items of several levels onto their streams in one script, in the
+    # same millisecond). The lane skipped a new entry whose bare id it already held: that caller
+    # hung, and its entry stayed pending on a live worker for ever.
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.02}, batch_size=4, settings=TWO_LEVELS)
+    keys = Keys(prefix)
+    seconds, micros = redis_client.time()
+    same_id = f"{seconds * 1000 + micros // 1000}-0"
+    whole, streamed = "samewhole:1", "samestream:1"
+
+    def add(level: int, token: str) -> None:
+        redis_client.xadd(keys.requests_at(level), {"v": 2, "t": token, "i": 0, "r": 30_000,
+                                                    "p": codec.packb({"n": 20})}, id=same_id)
+
+    add(0, whole)
+    wait_until(lambda: redis_client.xpending(keys.requests_at(0), keys.group)["pending"] == 1, 10,
+               what="the level-0 entry held by the worker")
+    redis_client.set(keys.stream_control(streamed), STREAMED, px=30_000)
+    add(1, streamed)  # read while the level-0 entry of the same id runs (20 steps of 20 ms)
+    reader, chunks = ChunkReader(), []
+    while not reader.done:
+        message = wait_until(lambda: redis_client.lpop(keys.reply(streamed)), 20,
+                             what="the level-1 entry with the same id answered")
+        chunks += reader.feed(message)[0]
+    assert [chunk[0] for chunk in chunks] == list(range(20))
+    popped = wait_until(lambda: redis_client.lpop(keys.reply(whole)), 20, what="the level-0 entry answered")
+    [(_, outcome)] = unpack_results(popped)
+    assert outcome.value[::2] == list(range(20))  # [step, live] chained
+    for level in (0, 1):
+        wait_until(lambda level=level: not redis_client.xpending(keys.requests_at(level), keys.group)["pending"],
+                   10, what=f"level {level}'s entry acked")
+    redis_client.delete(keys.stream_control(streamed))
 
 
 def test_async_quotas_are_the_published_ones(workers: WorkerProcesses, redis_url: str, prefix: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import redis
 
 from rstreamer import AsyncRedisStreamer, RedisStreamer, RemoteError, StreamerTimeout
 from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import read_workers
 from support.procs import WorkerProcesses, wait_until
 
 DECODER = "workers.decoder:TinyDecoder"
@@ -146,3 +148,59 @@ def test_sigterm_drains_the_live_generations(workers: WorkerProcesses, redis_url
         steps += [chunk[0] for chunk in stream]
     assert steps == list(range(40))
     assert worker.wait(30) == 0
+
+
+def worker_counters(client: redis.Redis, prefix: str) -> dict[str, Any]:
+    """The counters the (one) worker of ``prefix`` published with its last heartbeat."""
+    _, infos = read_workers(client, Keys(prefix))
+    return next(iter(infos.values()), {})
+
+
+def test_a_call_cancelled_while_it_waits_in_the_lane_never_starts(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    log = tmp_path / "started.log"
+    # A cost budget of 1: one live sequence; the items read next wait in the lane's scheduler.
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.02, "log": str(log)}, batch_size=4,
+                  settings={"max_batch_cost": 1})
+    with RedisStreamer(redis_url, prefix) as streamer:
+        running = streamer.submit([{"n": 100, "call": "A"}], timeout=30)
+        wait_until(lambda: log.exists() and "'A'" in log.read_text(), 20, what="A started")
+        whole = streamer.submit([{"n": 5, "call": "B"}], timeout=30)
+        streamed = streamer.stream({"n": 5, "call": "C"}, timeout=30)
+        wait_until(lambda: pending(redis_client, prefix) == 3, 20, what="B and C read by the worker")
+        assert whole.cancel()
+        streamed.close()
+        wait_until(lambda: whole.held == {0}, 10, what="B withdrawn while the worker held it: marked, not deleted")
+        assert running.result(30)[0][::2] == list(range(100))
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="B and C acked")
+    assert "'B'" not in log.read_text() and "'C'" not in log.read_text()
+    wait_until(lambda: worker_counters(redis_client, prefix).get("items") == 1, 10, what="A counted")
+    assert worker_counters(redis_client, prefix)["cancelled"] == 2, "B and C are counted as withdrawn"
+
+
+def test_the_lane_counts_its_items_as_the_plain_lane_does(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.01}, batch_size=4)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        assert [chunk[0] for chunk in streamer.stream({"n": 3}, timeout=20)] == [0, 1, 2]
+        assert streamer.predict([{"n": 2}], timeout=20) == [[0, 1, 1, 1]]
+        with pytest.raises(RemoteError, match="failed at step 1"):
+            list(streamer.stream({"n": 5, "fail_at": 1}, timeout=20))
+        for chunk in streamer.stream({"n": 100_000}, timeout=60):
+            if chunk[0] == 2:
+                break  # the caller leaves: cancelled on the worker
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the stream's item dropped")
+        running = streamer.submit([{"n": 100_000}], timeout=60)
+        wait_until(lambda: pending(redis_client, prefix) == 1, 10, what="the whole call read")
+        assert running.cancel()  # a whole call stops too, between two steps
+        wait_until(lambda: running.held == {0}, 10, what="the whole call withdrawn while the worker held it")
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the whole call dropped")
+
+    def counted() -> dict[str, Any] | None:
+        counters = worker_counters(redis_client, prefix)
+        return counters if counters.get("cancelled") == 2 and counters.get("items", 0) >= 3 else None
+
+    counters = wait_until(counted, 10, what="the cancellations counted")
+    # items: answered or failed by the model (as a batch model counts them); errors among them.
+    assert (counters["items"], counters["errors"], counters["expired"]) == (3, 1, 0)
+    assert counters["batches"] >= 3 + 2 + 2 + 3

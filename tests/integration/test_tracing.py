@@ -73,6 +73,27 @@ def test_one_trace_from_the_call_to_the_batch_that_served_it(redis_url, redis_cl
     assert linked == call_ids  # the batch spans link every call they served, each once
     assert sum(len(b.links) for b in batches) == len(call_ids)
     assert batches[0].attributes["rstreamer.batch.closed"] in ("full", "queue_empty", "latency")
+    assert {wait.attributes["rstreamer.level"] for wait in waits} == {0}  # an entry is (level, id)
+
+
+def test_a_generative_lane_traces_each_item_once_and_a_span_per_model_step(redis_url, prefix, spans):
+    worker = RedisWorker("support.models:Ticker", 4, 0.01, redis_url, prefix)
+    worker.hooks = WorkerTracer(Keys(prefix).prefix)
+    serving = threading.Thread(target=worker.run_forever, daemon=True)
+    serving.start()
+    try:
+        with RedisStreamer(redis_url, prefix) as streamer:
+            assert traced_predict(streamer, [{"n": 3}, {"n": 2}], 30) == [[0, 2, 1, 2, 2, 1], [0, 2, 1, 2]]
+    finally:
+        worker.stop()
+        serving.join(10)
+    finished = spans.get_finished_spans()
+    [call] = [s for s in finished if s.name == "rstreamer.predict"]
+    waits = [s for s in finished if s.name == "rstreamer.queue_wait"]
+    steps = [s for s in finished if s.name == "rstreamer.batch"]
+    assert len(waits) == 2 and all(wait.parent.span_id == call.context.span_id for wait in waits)
+    assert sorted(step.attributes["rstreamer.batch.size"] for step in steps) == [1, 2, 2]  # live sequences
+    assert sum(len(step.links) for step in steps) == 1  # linked once, by the step its items joined
 
 
 def test_without_a_span_nothing_is_sent_and_bad_traceparents_are_ignored():

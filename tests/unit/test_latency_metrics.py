@@ -50,6 +50,19 @@ def test_fill_close_reason_in_flight_and_reply_time():
                                      {"prefix": "p", "reason": "made-up"}) is None
 
 
+def test_a_generative_step_counts_its_running_sequences_and_the_queue_wait_of_those_joining():
+    registry = CollectorRegistry()
+    worker = metrics.WorkerMetrics("p", registry)
+    worker.batch_started([entry(1)], "queue_empty", 4, [1], running=3)  # 2 went on, 1 joined at level 1
+    assert value(registry, "rstreamer_worker_in_flight_items", prefix="p") == 3
+    assert value(registry, "rstreamer_worker_batch_fill_ratio_sum", prefix="p") == 0.75
+    assert value(registry, "rstreamer_worker_queue_wait_seconds_count", prefix="p") == 1
+    assert value(registry, "rstreamer_worker_level_queue_wait_seconds_count", prefix="p", level="1") == 1
+    worker.batch_started([], "full", 4, [], running=4)  # nothing joined: no queue wait
+    assert value(registry, "rstreamer_worker_queue_wait_seconds_count", prefix="p") == 1
+    assert value(registry, "rstreamer_worker_in_flight_items", prefix="p") == 4
+
+
 class Source:
     def __init__(self, chunks):
         self.chunks = list(chunks)

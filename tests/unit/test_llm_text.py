@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from rstreamer.errors import InvalidInput
 from workers.llm_text import (
     ChatRequest,
     Generation,
-    InvalidRequest,
     Sampler,
     StopFilter,
     TextStream,
@@ -92,16 +92,31 @@ def test_defaults_and_the_other_shapes_of_a_prompt() -> None:
     (chat(stop=5), "'stop' must be"),
 ])
 def test_a_bad_item_is_refused_with_what_is_wrong(item: Any, message: str) -> None:
-    with pytest.raises(InvalidRequest, match=message):
+    with pytest.raises(InvalidInput, match=message):
         parse(item)
-    assert issubclass(InvalidRequest, ValueError)
+    assert issubclass(InvalidInput, ValueError)
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized() -> None:
+    class Counting(ByteTokenizer):
+        calls = 0
+
+        def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+            Counting.calls += 1
+            return super().__call__(text, add_special_tokens)
+
+    with pytest.raises(InvalidInput, match="the prompt has 401 characters: more than this model's context of 100"):
+        parse_request({"prompt": "x" * 401}, Counting(), 100, 16, max_token_chars=4)
+    assert Counting.calls == 0
+    with pytest.raises(InvalidInput, match="context is 100 tokens"):  # within the bound: tokenized, then refused
+        parse_request({"prompt": "x" * 400}, Counting(), 100, 16, max_token_chars=4)
 
 
 def test_too_long_for_the_context_is_refused() -> None:
-    with pytest.raises(InvalidRequest, match=r"context is 100 tokens, but 107 were requested \(7 in the prompt, "
+    with pytest.raises(InvalidInput, match=r"context is 100 tokens, but 107 were requested \(7 in the prompt, "
                                               r"100 in max_tokens\)"):
         parse({"prompt": "x" * 7, "max_tokens": 100})
-    with pytest.raises(InvalidRequest, match="the prompt alone has 120"):
+    with pytest.raises(InvalidInput, match="the prompt alone has 120"):
         parse({"prompt": "x" * 120})
     assert parse({"prompt": "x" * 7, "max_tokens": 93}).max_tokens == 93  # exactly the context fits
 

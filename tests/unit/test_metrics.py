@@ -25,8 +25,9 @@ def test_worker_counters_are_read_from_live_stats():
     stats = WorkerStats()
     worker_metrics.track(stats, worker="host:1:ab", gpu=1)
     stats.batches, stats.items, stats.errors, stats.reclaimed, stats.dead_lettered, stats.expired = 2, 9, 1, 3, 1, 4
+    stats.cancelled = 5
     for attr, expected in (("items", 9), ("batches", 2), ("errors", 1), ("reclaimed", 3), ("dead_lettered", 1),
-                           ("expired", 4)):
+                           ("expired", 4), ("cancelled", 5)):
         assert value(registry, f"rstreamer_worker_{attr}_total", prefix="p") == expected
     stats.items += 1
     assert value(registry, "rstreamer_worker_items_total", prefix="p") == 10

@@ -17,6 +17,7 @@ import redis
 
 from ...broker.connection import RedisClient
 from ...wire.keys import Keys
+from ...wire.published import live_workers
 from .. import status
 from ..deadletters import as_json, read_dead_letters
 
@@ -102,6 +103,8 @@ class Sampler:
             "workers": status.worker_rows(snapshot, self.dead_after),
             "dead": [as_json(letter) for letter in read_dead_letters(self.client, keys, self._dead_shown)],
         }
+        live = len(live_workers(snapshot.now_ms, snapshot.workers, int(self.dead_after * 1000)))
+        row["state"] = status.prefix_state(live, snapshot.queue_length + snapshot.pending)
         row["history"] = self._remember(snapshot.prefix, snapshot.now_ms, row)
         return row
 

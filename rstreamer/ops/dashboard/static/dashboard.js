@@ -79,8 +79,11 @@ function prefixSection(p) {
     card("live workers", p.workers.length, "live-workers", null, p.workers.length === 0),
     card("dead letters", p.dead_letters, "dead-count", null, p.dead_letters > 0));
   const deadColumns = ["when", "reason", "payload", "worker"].concat(session.allowActions ? ["action"] : []);
-  return el("section", { class: "prefix", "data-testid": "prefix", "data-prefix": p.prefix },
-    el("h2", {}, p.prefix), cards,
+  const idle = p.state === "idle" ? el("span", { class: "state idle", "data-testid": "idle",
+    title: "no live worker and nothing queued: `rstreamer forget " + p.prefix + "` deletes a prefix nobody uses" },
+    "idle") : "";
+  return el("section", { class: "prefix " + p.state, "data-testid": "prefix", "data-prefix": p.prefix },
+    el("h2", {}, p.prefix, idle), cards,
     el("h3", {}, "workers"),
     table(["host", "pid", "gpu", "batches", "items", "errors", "pending", "last seen"],
       p.workers.map(workerRow), "workers", "no live worker"),
