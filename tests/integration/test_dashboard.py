@@ -106,7 +106,7 @@ def malformed_entry(client: redis.Redis, redis_url: str, prefix: str, token: str
     return fields
 
 
-@pytest.mark.timeout(900)  # the first run may install chromium
+@pytest.mark.timeout(180)  # chromium starting and the page polling, on a loaded 2-core machine
 def test_dashboard_in_a_browser(chromium, dashboard, redis_url, redis_client, prefix, workers, request):
     playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' (playwright)")
     ensure_group(redis_client, Keys(prefix))

@@ -70,7 +70,6 @@ def test_every_rule_has_a_severity_and_a_summary():
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
 
 
-@pytest.mark.timeout(900)  # the first run may install Debian's prometheus package
 def test_promtool_checks_and_unit_tests_the_rules():
     promtool, why = debian_tool("promtool", "prometheus")
     if promtool is None:
