@@ -11,6 +11,7 @@ registry the usual way (``prometheus_client.make_wsgi_app()``).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -248,11 +249,16 @@ def client_metrics() -> ClientMetrics:
 
 
 class QueueCollector(Collector):
-    """Gauges of every prefix's queue as some process sees it in Redis (``rstreamer dashboard`` does).
+    """Gauges of every prefix's queue as some process sees it in Redis (``rstreamer exporter`` and
+    ``rstreamer dashboard`` do).
 
     ``read`` returns rows like the dashboard's state: prefix, queue_length, pending, dead_letters,
-    oldest_wait_s and workers. These gauges come from Redis, not from a worker, so "no live
-    worker" can still be reported when every worker is gone.
+    oldest_wait_s, workers, and optionally levels (with ``drain_s``) and drain. These gauges come
+    from Redis, not from a worker, so "no live worker" can still be reported when every worker is
+    gone. ``error`` returns why the last read of Redis failed (None: it did not): then only
+    ``rstreamer_queue_redis_up 0`` is exported, never the last values as if they were current, so
+    alerts on these series see their source gone. ``drain_target``: the drain time the workers are
+    scaled to (``RSTREAMER_DRAIN_TARGET``), exported per prefix for the board and the alerts.
     """
 
     GAUGES = {
@@ -264,17 +270,30 @@ class QueueCollector(Collector):
         "live_workers": ("rstreamer_queue_live_workers", "Workers whose heartbeat is live."),
     }
 
-    def __init__(self, read: Callable[[], list[dict[str, Any]]]) -> None:
-        self.read = read
-
     LEVEL_GAUGES = {
         "queue_length": ("rstreamer_queue_level_length", "Entries of one priority level waiting, not yet delivered."),
         "oldest_wait_s": ("rstreamer_queue_level_oldest_wait_seconds", "Age of the oldest entry of one priority "
                           "level not yet delivered (Redis server clock)."),
+        "drain_s": ("rstreamer_queue_drain_seconds", "Expected seconds to drain one priority level's entries "
+                    "(waiting and pending): their cost (items times the mean cost per item) divided by the "
+                    "live workers' measured capacity; +Inf while entries wait and no live worker drains them."),
     }
+
+    def __init__(self, read: Callable[[], list[dict[str, Any]]], error: Callable[[], str | None] | None = None,
+                 drain_target: float | None = None) -> None:
+        self.read = read
+        self.error = error or (lambda: None)
+        self.drain_target = drain_target
 
     def collect(self) -> Iterable[Metric]:
         """The current values, read when Prometheus scrapes."""
+        up = GaugeMetricFamily("rstreamer_queue_redis_up", "1 when the last read of Redis succeeded, 0 when it "
+                               "failed (then no rstreamer_queue_* series is exported).")
+        failed = self.error() is not None
+        up.add_metric([], 0.0 if failed else 1.0)
+        yield up
+        if failed:
+            return
         rows = self.read()
         for field, (name, documentation) in self.GAUGES.items():
             family = GaugeMetricFamily(name, documentation, labels=["prefix"])
@@ -286,8 +305,26 @@ class QueueCollector(Collector):
             family = GaugeMetricFamily(name, documentation, labels=["prefix", "level"])
             for row in rows:
                 for level in row.get("levels") or []:
-                    family.add_metric([row["prefix"], str(level["level"])], float(level[field]))
+                    value = level.get(field, 0.0)
+                    family.add_metric([row["prefix"], str(level["level"])], math.inf if value is None else value)
             yield family
+        yield from self._capacity(rows)
+
+    def _capacity(self, rows: list[dict[str, Any]]) -> Iterable[Metric]:
+        capacity = GaugeMetricFamily("rstreamer_queue_capacity_items_per_second", "Items per second the live "
+                                     "workers of a prefix drain together at their measured pace (absent: unknown).",
+                                     labels=["prefix"])
+        for row in rows:
+            rate = (row.get("drain") or {}).get("items_per_s")
+            if rate is not None:
+                capacity.add_metric([row["prefix"]], float(rate))
+        yield capacity
+        if self.drain_target is not None:
+            target = GaugeMetricFamily("rstreamer_queue_drain_target_seconds", "The drain time the workers are "
+                                       "scaled to keep (RSTREAMER_DRAIN_TARGET).", labels=["prefix"])
+            for row in rows:
+                target.add_metric([row["prefix"]], self.drain_target)
+            yield target
 
 
 def instrumented_predict(streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:

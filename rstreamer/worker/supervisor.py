@@ -59,8 +59,12 @@ class WorkerSpec:
     log_interval: float = 10.0
 
 
-def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None:
-    """Entry point of one worker process: pin the GPU, then import and serve the model."""
+def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int,
+                        slot_info: dict[str, Any] | None = None) -> None:
+    """Entry point of one worker process: pin the GPU, then import and serve the model.
+
+    ``slot_info``: what the supervisor tells of the slot (restarts, last exit), published in the
+    worker's heartbeat for ``rstreamer dashboard``."""
     # The supervisor already set CUDA_VISIBLE_DEVICES in our environment (child_environment);
     # pinning again covers the fork start method. The model is an import string, imported by
     # run_forever(), so nothing of it is loaded before this line.
@@ -85,6 +89,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     )
     if metrics is not None:
         metrics.track(worker.stats, worker.name, gpu_id)
+    worker.slot_info = dict(slot_info or {"slot": slot})
     worker.hooks = ChainedHooks(*(h for h in (metrics, worker_tracer(worker.keys.prefix)) if h is not None))
     if spec.log_interval > 0:
         StatsSummary(worker.name, worker.stats, spec.log_interval).start()
@@ -116,6 +121,16 @@ def _worker_metrics(spec: WorkerSpec, slot: int) -> Any:
     else:
         logger.info("metrics on http://0.0.0.0:%d/metrics", port)
     return metrics
+
+
+def exit_description(code: int) -> str:
+    """How a process ended, in words: ``exit code 1``, ``killed by SIGKILL``."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 class StatsSummary:
@@ -194,6 +209,9 @@ class Supervisor:
         self._context = process_context(mp_start_method)
         self._processes: dict[int, Any] = {}
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
+        # Since this supervisor started, per slot: replacements, and how the last process ended.
+        self._restarts = [0] * len(self.slots)
+        self._last_exit: dict[int, tuple[str, float]] = {}
         self._restart_at: dict[int, float] = {}
         self._stopping = threading.Event()
         self._forced = threading.Event()
@@ -305,13 +323,22 @@ class Supervisor:
     def _start(self, slot: int) -> None:
         gpu = self.slots[slot]
         process = self._context.Process(
-            target=worker_process_main, args=(self.spec, gpu, slot), name=f"rstreamer-worker-{slot}",
+            target=worker_process_main, args=(self.spec, gpu, slot, self.slot_info(slot)),
+            name=f"rstreamer-worker-{slot}",
         )
         with child_environment(gpu):
             process.start()
         self._processes[slot] = process
         logger.info("started worker slot %d (%s) as pid %s",
                     slot, "cpu" if gpu is None else f"gpu {gpu}", process.pid)
+
+    def slot_info(self, slot: int) -> dict[str, Any]:
+        """What the worker of ``slot`` publishes about its slot: its number, the supervisor
+        (pid), how many times the slot's worker was replaced, and how the last one ended."""
+        info: dict[str, Any] = {"slot": slot, "supervisor": os.getpid(), "restarts": self._restarts[slot]}
+        if slot in self._last_exit:
+            info["last_exit"], info["last_exit_at"] = self._last_exit[slot]
+        return info
 
     def _watch_once(self) -> None:
         waitables: list[Any] = [self._wake_reader]
@@ -325,6 +352,8 @@ class Supervisor:
             if process.exitcode == EXIT_BAD_MODEL:
                 raise BadModel(f"worker slot {slot} cannot import model {self.spec.model!r}")
             if process.exitcode is not None and slot not in self._restart_at:
+                self._restarts[slot] += 1
+                self._last_exit[slot] = (exit_description(process.exitcode), time.time())
                 self._restart_at[slot] = now + self._backoff(slot, process, now)
         for slot, when in list(self._restart_at.items()):
             if now >= when:

@@ -37,7 +37,7 @@ def test_state_lists_the_prefix_with_its_dead_letters(sampler, redis_client, pre
     assert (row["prefix"], row["queue_length"], row["dead_letters"], row["workers"]) == (prefix, 0, 1, [])
     assert [(d["id"], d["reason"], d["preview"]) for d in row["dead"]] == [(letter_id, "test", "[1]")]
     assert state["allow_actions"] is False and set(row["history"]) == {"t", "queue_length", "oldest_wait_s",
-                                                                       "items_per_s"}
+                                                                       "items_per_s", "drain_s", "latency_p99_ms"}
 
 
 def test_read_only_by_default(sampler, redis_client, prefix):
