@@ -22,11 +22,12 @@ from starlette.routing import Route
 
 from rstreamer import AsyncRedisStreamer, Cancelled
 from rstreamer.broker.connection import create_async_redis
+from rstreamer.ops.metrics import outcome_of
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import parse_read_workers
 from rstreamer.wire.scripts import scripts
 
-from . import jobs, metrics, protocol, sse
+from . import jobs, metrics, multiproc, protocol, sse
 from .config import WebConfig
 from .gate import WorkerGate
 
@@ -37,6 +38,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
     """The Starlette app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
     config = config or WebConfig.from_env()
     config.announce("rstreamer web app (ASGI)")
+    multiproc.check("rstreamer web app (ASGI)")
     keys = Keys(config.prefix)
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
 
@@ -72,9 +74,11 @@ def create_app(config: WebConfig | None = None) -> Starlette:
                                                        tenant=call.tenant)
             await stream.__aenter__()
         except Exception as exc:
+            metrics.calls().count(config.prefix, outcome_of(exc))
             status, body, headers = protocol.error_reply(exc)
             metrics.count_response("/generate", status)
             return Response(body, status, headers, media_type=protocol.JSON)
+        metrics.calls().count(config.prefix, "ok")
         metrics.count_response("/generate", 200)
         return StreamingResponse(sse.async_events(stream), 200, sse.HEADERS, media_type=sse.SSE)
 
@@ -100,10 +104,13 @@ def create_app(config: WebConfig | None = None) -> Starlette:
 
 
 async def _predict(request: Request, config: WebConfig) -> bytes:
-    body = await _read_body(request, config.max_body)
-    call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
-    await _check_workers(request.app.state, Keys(config.prefix))
-    with metrics.calls().track(config.prefix, len(call.inputs)):
+    # Counted from the start: a refusal (a malformed or oversized body, no live worker) is a call
+    # that failed, which the error-ratio alert must see.
+    with metrics.calls().track(config.prefix, 0) as tracked:
+        body = await _read_body(request, config.max_body)
+        call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
+        tracked.add_items(len(call.inputs))
+        await _check_workers(request.app.state, Keys(config.prefix))
         predict = request.app.state.streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
         outputs = await _unless_disconnected(request, predict)
     return protocol.outputs_body(outputs)

@@ -43,6 +43,11 @@ class HTTPError(Exception):
         self.status = status
         self.error_type = error_type
 
+    @property
+    def http_status(self) -> int:
+        """The status, under the name rstreamer's errors give it (metrics read the outcome from it)."""
+        return self.status
+
 
 def http_error(status: int, message: str) -> HTTPError:
     """An error named after its status: 404 is ``NotFound``, 405 ``MethodNotAllowed``."""

@@ -32,8 +32,10 @@ from prometheus_client.registry import Collector
 from ..batching.batcher import BatchStats
 from ..errors import (
     BrokerUnavailable,
+    CallTooLarge,
     Cancelled,
     CodecError,
+    NoLiveWorker,
     Overloaded,
     RateLimited,
     RemoteError,
@@ -179,23 +181,48 @@ class WorkerMetrics(WorkerHooks):
             self._server = None
 
 
+OUTCOMES = ("ok", "timeout", "overloaded", "cancelled", "rate_limited", "too_large", "no_worker", "unavailable",
+            "model_error", "invalid", "error")
+"""The ``outcome`` label of ``rstreamer_client_requests_total`` (bounded): every call ends in one,
+refusals included, so the error-ratio alert sees them all."""
+
+_OUTCOME_OF_STATUS = {400: "invalid", 413: "too_large", 429: "rate_limited", 503: "unavailable", 504: "timeout"}
+
+
 def outcome_of(exc: BaseException) -> str:
-    """The ``outcome`` label of a call that raised ``exc``."""
+    """The ``outcome`` label of a call that raised ``exc``: by its class, else by its ``http_status``
+    (a web app's own refusals: a body over the limit, a malformed request)."""
     for kind, label in ((StreamerTimeout, "timeout"), (Overloaded, "overloaded"), (Cancelled, "cancelled"),
-                        (RateLimited, "rate_limited"),
+                        (RateLimited, "rate_limited"), (CallTooLarge, "too_large"), (NoLiveWorker, "no_worker"),
                         (BrokerUnavailable, "unavailable"), (RemoteError, "model_error"), (CodecError, "invalid")):
         if isinstance(exc, kind):
             return label
-    return "error"
+    status = getattr(exc, "http_status", None)
+    return _OUTCOME_OF_STATUS.get(status, "error") if isinstance(status, int) else "error"
+
+
+class TrackedCall:
+    """A call being counted by :meth:`ClientMetrics.track`; its items may be added once known
+    (a web request's, after its body is parsed)."""
+
+    def __init__(self, metrics: ClientMetrics, prefix: str) -> None:
+        self._metrics = metrics
+        self._prefix = prefix
+        self.items = 0
+
+    def add_items(self, items: int) -> None:
+        """Count ``items`` more items sent (and in flight until the call ends)."""
+        self.items += items
+        self._metrics.items.labels(self._prefix).inc(items)
+        self._metrics.in_flight.labels(self._prefix).inc(items)
 
 
 class ClientMetrics:
     """Calls of a web process: a counter by prefix and outcome, items sent, latency of answered calls."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (ok, timeout, overloaded, cancelled, "
-                                "rate_limited, unavailable, model_error, invalid, error).", ["prefix", "outcome"],
-                                registry=registry)
+        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (" + ", ".join(OUTCOMES) + ").",
+                                ["prefix", "outcome"], registry=registry)
         self.items = Counter("rstreamer_client_items", "Items sent.", ["prefix"], registry=registry)
         self.latency = Histogram("rstreamer_client_request_seconds", "Seconds from submit to the last answer "
                                  "of calls that succeeded.", ["prefix"], buckets=SECONDS_BUCKETS, registry=registry)
@@ -206,22 +233,30 @@ class ClientMetrics:
                                 registry=registry)
 
     @contextlib.contextmanager
-    def track(self, prefix: str, items: int = 1) -> Iterator[None]:
-        """Count the call made inside the block and time it; exceptions pass through."""
+    def track(self, prefix: str, items: int = 1) -> Iterator[TrackedCall]:
+        """Count the call made inside the block and time it; exceptions pass through.
+
+        Whatever the block raises is counted by its outcome: a web app opens the block before it
+        parses a request, so that its refusals (a malformed or oversized body, no live worker)
+        count as calls too, and adds the items once known (:meth:`TrackedCall.add_items`)."""
         started = time.perf_counter()
-        self.items.labels(prefix).inc(items)
-        in_flight = self.in_flight.labels(prefix)
-        in_flight.inc(items)
+        call = TrackedCall(self, prefix)
+        if items:
+            call.add_items(items)
         try:
             with observing_wakeup(self.wakeup.labels(prefix).observe):
-                yield
+                yield call
         except BaseException as exc:
             self.requests.labels(prefix, outcome_of(exc)).inc()
             raise
         finally:
-            in_flight.dec(items)
+            self.in_flight.labels(prefix).dec(call.items)
         self.requests.labels(prefix, "ok").inc()
         self.latency.labels(prefix).observe(time.perf_counter() - started)
+
+    def count(self, prefix: str, outcome: str) -> None:
+        """Count one call that ended in ``outcome`` without being timed (a stream that opened)."""
+        self.requests.labels(prefix, outcome).inc()
 
     def predict(self, streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:
         """``streamer.predict(batch, timeout)``, counted and timed."""

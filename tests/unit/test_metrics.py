@@ -8,7 +8,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rstreamer.broker.embedded import free_port
-from rstreamer.errors import BrokerUnavailable, DeadLettered, EncodeError, Overloaded, RemoteError, StreamerTimeout
+from rstreamer.errors import (
+    BrokerUnavailable,
+    CallTooLarge,
+    DeadLettered,
+    EncodeError,
+    NoLiveWorker,
+    Overloaded,
+    RateLimited,
+    RemoteError,
+    StreamerTimeout,
+)
 from rstreamer.ops import metrics
 from rstreamer.ops.status import (
     LevelDepth,
@@ -23,6 +33,7 @@ from rstreamer.ops.status import (
 )
 from rstreamer.worker.records import WorkerStats
 from rstreamer.worker.supervisor import StatsSummary
+from webapp.protocol import bad_request, too_large
 
 
 def value(registry, name, **labels):
@@ -79,10 +90,27 @@ def test_worker_metrics_are_served_over_http():
     (RemoteError("ValueError", "bad"), "model_error"),
     (DeadLettered("DeadLettered", "too often"), "model_error"),
     (EncodeError("object dtype"), "invalid"),
+    (NoLiveWorker("nobody"), "no_worker"),
+    (CallTooLarge("big"), "too_large"),
+    (RateLimited("slow down", 2.0), "rate_limited"),
+    (too_large(100), "too_large"),
+    (bad_request("not JSON"), "invalid"),
     (RuntimeError("other"), "error"),
 ])
 def test_outcome_labels(exc, outcome):
     assert metrics.outcome_of(exc) == outcome
+    assert outcome in metrics.OUTCOMES
+
+
+def test_a_call_counted_before_its_items_are_known():
+    registry = CollectorRegistry()
+    client = metrics.ClientMetrics(registry)
+    with pytest.raises(NoLiveWorker), client.track("web", 0) as call:
+        call.add_items(3)
+        raise NoLiveWorker("nobody")
+    assert value(registry, "rstreamer_client_requests_total", prefix="web", outcome="no_worker") == 1
+    assert value(registry, "rstreamer_client_items_total", prefix="web") == 3
+    assert value(registry, "rstreamer_client_in_flight_items", prefix="web") == 0
 
 
 class FakeStreamer:
