@@ -28,6 +28,7 @@ from .errors import (
     WorkerStartupError,
 )
 from .jobs.sync import Job, JobItem, JobState, Progress
+from .jobs.webhook_http import verify_webhook_signature
 from .local import Streamer, ThreadedStreamer
 from .model.generative import GenerativeModel, Step
 from .model.managed import ManagedModel
@@ -81,4 +82,5 @@ __all__ = [
     "WorkerStartupError",
     "register_type",
     "run_redis_workers_forever",
+    "verify_webhook_signature",
 ]

@@ -25,6 +25,7 @@ from .ops.logs import configure_logging
 from .settings import (
     DEFAULT_REDIS_URL,
     REDIS_URL_ENV,
+    WebhookSettings,
     WorkerSettings,
     env_name,
     parse_integer,
@@ -69,6 +70,7 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "tenant_burst": WorkerSettings.tenant_burst,
     "tenant_quotas": WorkerSettings.tenant_quotas,
     "tenant_sharing": WorkerSettings.tenant_sharing,
+    "webhook_allow": WebhookSettings.webhook_allow,
     "model": None,
 }
 
@@ -137,6 +139,7 @@ WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "metrics_port": _integer(1, 65535), "log_level": _log_level, "log_interval": _seconds,
     "max_restarts": _integer(0), "wait_for_redis": _seconds,
     **{dest: _option(setting_parser(WorkerSettings, dest)) for dest in SETTINGS_OPTIONS},
+    "webhook_allow": _option(setting_parser(WebhookSettings, "webhook_allow")),
 }
 
 
@@ -190,6 +193,10 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tenant-sharing", type=p["tenant_sharing"], choices=("fifo", "fair"),
                         help=_help("how the tenants of one level share the workers: fifo (arrival order) or fair "
                                    "(one item each in turn; docs/priority.md)", "tenant_sharing"))
+    parser.add_argument("--webhook-allow", type=p["webhook_allow"], metavar="CIDR|HOST,...",
+                        help=_help("internal webhook receivers the workers may call besides public addresses, "
+                                   "e.g. 10.0.0.0/8,hooks.internal,*.svc.cluster.local (docs/jobs.md)",
+                                   "webhook_allow"))
     parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
                         help=_help("JSON array of init_model positional arguments", "init_args"))
     parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",
@@ -255,6 +262,7 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
         raise ConfigError("--metrics-port needs prometheus-client: pip install prometheus-client")
     options = {dest: getattr(args, dest) for dest in SETTINGS_OPTIONS}
     settings = (settings or WorkerSettings.from_env()).replace(**options)
+    settings = settings.replace(webhooks=settings.webhooks.replace(webhook_allow=args.webhook_allow))
     return WorkerSpec(args.model, url, prefix, args.init_args or None, args.init_kwargs or None, settings,
                       log_level=args.log_level,
                       metrics_port=args.metrics_port, log_interval=args.log_interval)

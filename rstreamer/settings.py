@@ -6,7 +6,9 @@ side, WorkerSettings on the worker side), its variable is ``RSTREAMER_<FIELD>`` 
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
@@ -205,7 +207,8 @@ class WorkerSettings(EnvSettings):
     0: one second's worth); tenant_quotas: tenants with their own, ``acme=100:200,bob=5:10``
     (rate:burst). See rstreamer.batching.quotas. tenant_sharing: ``fifo`` (items of a level run in
     arrival order) or ``fair`` (tenants of a level take turns, one item each; calls without a
-    tenant count as one tenant; see docs/priority.md).
+    tenant count as one tenant; see docs/priority.md). webhooks: the webhook sender's
+    settings (WebhookSettings), from the ``RSTREAMER_WEBHOOK_*`` variables unless given.
     """
 
     batch_size: int = _parsed(64, parse_integer(1))
@@ -230,6 +233,8 @@ class WorkerSettings(EnvSettings):
     tenant_burst: int = _parsed(0, parse_integer(0))
     tenant_quotas: str = _parsed("", parse_tenant_quotas)
     tenant_sharing: str = _parsed("fifo", parse_tenant_sharing)
+    # Not a plain default: from RSTREAMER_WEBHOOK_* whenever it is not given.
+    webhooks: WebhookSettings = field(default_factory=lambda: WebhookSettings.from_env())
 
     def __post_init__(self) -> None:
         self.cost_budget()  # validates the cost settings
@@ -294,23 +299,109 @@ class JobSettings(EnvSettings):
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+def normal_host(host: str) -> str:
+    """A host name as the webhook allow-list compares it: lower case, no trailing dot."""
+    return host.lower().rstrip(".")
+
+
+def _host_name(text: str) -> str:
+    name = normal_host(text)
+    if not name or len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        raise ValueError(f"webhook allow-list entry {text!r} is neither an address, a network (CIDR), "
+                         "a host name nor *.domain")
+    return name
+
+
+@dataclass(frozen=True)
+class WebhookAllowList:
+    """The webhook receivers an operator allows besides public addresses (``webhook_allow``;
+    the address policy itself is rstreamer.jobs.webhook_targets).
+
+    Parsed from comma-separated addresses or networks (``10.0.0.0/8``, ``fd00::/8``,
+    ``127.0.0.1``), host names (``hooks.internal``: whatever that name resolves to) and domains
+    (``*.svc.cluster.local``: its subdomains).
+    """
+
+    networks: tuple[IPNetwork, ...] = ()
+    names: frozenset[str] = frozenset()
+    domains: tuple[str, ...] = ()  # ".svc.cluster.local" for "*.svc.cluster.local"
+
+    @classmethod
+    def parse(cls, text: str) -> WebhookAllowList:
+        """The allow-list of a text; raises ValueError naming a bad entry."""
+        networks: list[IPNetwork] = []
+        names: set[str] = set()
+        domains: list[str] = []
+        for entry in (part.strip() for part in text.split(",")):
+            if not entry:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            except ValueError:
+                pass
+            if entry.startswith("*."):
+                domains.append("." + _host_name(entry[2:]))
+            else:
+                names.add(_host_name(entry))
+        return cls(tuple(networks), frozenset(names), tuple(domains))
+
+    def allows_name(self, host: str) -> bool:
+        """True when ``host`` is allowed by name, whatever it resolves to."""
+        name = normal_host(host)
+        return name in self.names or any(name.endswith(domain) for domain in self.domains)
+
+    def allows_address(self, ip: IPAddress) -> bool:
+        """True when ``ip`` (or the IPv4 address an IPv4-mapped one carries) is in an allowed network."""
+        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+        return any(address in network for address in (ip, mapped) if address is not None for network in self.networks)
+
+
+def parse_webhook_allow(text: str) -> str:
+    """The webhook allow-list, e.g. ``10.0.0.0/8,hooks.internal,*.svc.cluster.local`` (see
+    WebhookAllowList); its ValueError names a bad entry."""
+    WebhookAllowList.parse(text)
+    return text.strip()
+
+
 @dataclass(frozen=True)
 class WebhookSettings(EnvSettings):
-    """How a worker's webhook sender calls the webhook of a finished job (``RSTREAMER_WEBHOOK_*``).
+    """How a worker's webhook sender calls the webhook of a finished job (``RSTREAMER_WEBHOOK_*``;
+    see docs/jobs.md, "Webhooks").
 
     webhook_attempts: tries per delivery; webhook_backoff: seconds before the second try,
-    doubling after each; webhook_timeout: seconds one HTTP request may take.
+    doubling after each; webhook_timeout: seconds one try may take in all (DNS, connect, TLS,
+    sending, and the answer's status line and headers). webhook_allow: internal receivers
+    allowed besides public addresses (WebhookAllowList; the policy is
+    rstreamer.jobs.webhook_targets); clients read it too, to refuse a literal address at submit.
+    webhook_secret: when set, every call carries an HMAC-SHA256 signature header made with it
+    (rstreamer.jobs.webhook_http.sign); it is never shown (not in repr, not in logs).
     """
 
     webhook_attempts: int = 5
     webhook_backoff: float = 1.0
     webhook_timeout: float = 5.0
+    webhook_allow: str = _parsed("", parse_webhook_allow)
+    webhook_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.webhook_attempts, int) or self.webhook_attempts < 1:
             raise ConfigError(f"webhook_attempts must be an integer >= 1, got {self.webhook_attempts!r}")
         _positive("webhook_backoff", self.webhook_backoff, allow_zero=True)
         _positive("webhook_timeout", self.webhook_timeout)
+        self.allow_list()  # validates it
+
+    def allow_list(self) -> WebhookAllowList:
+        """The webhook receivers allowed besides public addresses."""
+        try:
+            return WebhookAllowList.parse(self.webhook_allow)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def claim_idle(self) -> float:

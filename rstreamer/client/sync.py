@@ -91,7 +91,8 @@ class RedisStreamer(BaseStreamer):
         and outputs stay in Redis for ``ttl`` seconds (default ``RSTREAMER_JOB_TTL``, 24 h),
         readable from any process with :meth:`job`. ``meta`` is any JSON value kept with it.
         ``webhook``: an http(s) URL a worker POSTs the job's completion event to, once, with
-        retries (see docs/jobs.md).
+        retries; only public addresses unless ``RSTREAMER_WEBHOOK_ALLOW`` allows others, and a
+        literal address refused raises ValueError here (see docs/jobs.md).
         Raises EncodeError for an item that cannot be sent (named by its index) and JobTooLarge
         past ``RSTREAMER_JOB_MAX_ITEMS`` items.
         """

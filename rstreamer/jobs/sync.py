@@ -15,7 +15,6 @@ import builtins
 import enum
 import json
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,14 +39,14 @@ from ..errors import (
     StreamerTimeout,
     remote_error_from,
 )
-from ..settings import JobSettings
+from ..settings import JobSettings, WebhookSettings
 from ..wire.keys import Keys, is_job_id, job_token
 from ..wire.messages import WIRE_VERSION
 from ..wire.published import published_levels
 from ..wire.replies import decode_reply
 from ..wire.scripts import scripts
+from .webhook_targets import TargetPolicy, check_url
 
-MAX_WEBHOOK_LENGTH = 2048
 MAX_META_BYTES = 64 * 1024
 """Largest ``meta`` (as JSON) a job may carry."""
 PAGE = 1000
@@ -346,15 +345,14 @@ def cancel_keys(keys: Keys, job_id: str) -> list[str]:
     return [keys.job(job_id), keys.job_inputs(job_id), keys.job_log(job_id), keys.job_events, keys.webhooks]
 
 
-def check_webhook(url: str | None) -> str:
-    """The webhook URL as stored ('' for none); raises ValueError unless it is an http(s) URL."""
+def check_webhook(url: str | None, policy: TargetPolicy | None = None) -> str:
+    """The webhook URL as stored ('' for none); raises ValueError unless it is an http(s) URL
+    whose host, when it is a literal address, the target ``policy`` allows (default: the one of
+    ``RSTREAMER_WEBHOOK_ALLOW``). The workers check every address a host name resolves to when
+    they call it (rstreamer.jobs.webhook_targets)."""
     if url is None:
         return ""
-    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or len(url) > MAX_WEBHOOK_LENGTH:
-        raise ValueError(f"webhook must be an http:// or https:// URL of at most {MAX_WEBHOOK_LENGTH} characters, "
-                         f"got {url!r}")
-    return url
+    return check_url(url, TargetPolicy(WebhookSettings.from_env().allow_list()) if policy is None else policy)
 
 
 def chunks(payloads: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:

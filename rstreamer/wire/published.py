@@ -103,6 +103,22 @@ def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms:
     return {name for name, info in workers.items() if now_ms - info["seen_ms"] <= dead_after_ms}
 
 
+def dead_consumers(client: RedisClient, keys: Keys, stream: str, group: str, me: str,
+                   dead_after_ms: int) -> list[tuple[str, int]]:
+    """``(name, pending count)`` of every consumer of ``group`` on ``stream`` whose worker has no
+    live heartbeat (the request streams' groups and the webhooks group alike)."""
+    now_ms, workers = read_workers(client, keys)
+    live = live_workers(now_ms, workers, dead_after_ms)
+    dead = []
+    for consumer in client.xinfo_consumers(stream, group):
+        name = consumer["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        # A consumer idle for less than dead_after may be a worker that just started.
+        if name != me and name not in live and consumer["idle"] > dead_after_ms:
+            dead.append((name, int(consumer["pending"])))
+    return dead
+
+
 class FleetTotals(NamedTuple):
     """What the workers of a prefix have done, summed over their heartbeats."""
 

@@ -111,7 +111,11 @@ class RedisWorker:
         self._finish_script = scripts(self._redis).finish
         # Items of durable jobs (rstreamer.jobs.sync); they ride the least urgent level by default.
         self._jobs = JobSink(self._redis, self.keys, least_urgent=self.levels.count - 1)
-        self._webhooks = WebhookSender(self.url, self.keys, self.name)  # a thread: never blocks the model
+        # A thread: never blocks the model. It takes over the deliveries of dead workers as the
+        # reclaimers take over their entries.
+        self._webhooks = WebhookSender(self.url, self.keys, self.name, self.settings.webhooks,
+                                       dead_after=self.settings.dead_after,
+                                       reclaim_interval=self.settings.reclaim_interval)
         heartbeat_ttl = self.settings.dead_after * 10
         self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
         self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,

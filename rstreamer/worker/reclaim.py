@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from ..broker.connection import RedisClient
 from ..wire.keys import Keys
-from ..wire.published import live_workers, read_workers
+from ..wire.published import dead_consumers
 from ..wire.scripts import scripts
 
 
@@ -61,17 +61,7 @@ class Reclaimer:
 
     def dead_consumers(self) -> list[tuple[str, int]]:
         """``(name, pending count)`` of every consumer in the group without a live heartbeat."""
-        now_ms, workers = read_workers(self._client, self._keys)
-        live = live_workers(now_ms, workers, self._dead_after_ms)
-        consumers = self._client.xinfo_consumers(self._stream, self._keys.group)
-        dead = []
-        for consumer in consumers:
-            name = consumer["name"]
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            # A consumer idle for less than dead_after may be a worker that just started.
-            if name != self._me and name not in live and consumer["idle"] > self._dead_after_ms:
-                dead.append((name, int(consumer["pending"])))
-        return dead
+        return dead_consumers(self._client, self._keys, self._stream, self._keys.group, self._me, self._dead_after_ms)
 
     def pending_of(self, consumer: str, count: int = 1000) -> list[PendingEntry]:
         """Up to ``count`` entries delivered to ``consumer`` and not yet acked."""

@@ -50,7 +50,8 @@ def test_cancel_unknown_and_bad_requests(redis_client, prefix, workers, server):
             assert missing.json()["error"]["type"] in ("JobNotFound", "InvalidJobId")
     assert server.client.get("/jobs/" + "0" * 32).status_code == 404
     for bad in [{"inputs": 3}, {"inputs": [1], "ttl": -1}, {"inputs": [1], "priority": 0}, [1],
-                {"inputs": [1], "webhook": "ftp://x"}, {"inputs": [1], "webhook": 3}]:
+                {"inputs": [1], "webhook": "ftp://x"}, {"inputs": [1], "webhook": 3},
+                {"inputs": [1], "webhook": "http://169.254.169.254/latest/meta-data/"}]:
         refused = server.client.post("/jobs", json=bad)
         assert refused.status_code == 400 and refused.json()["error"]["type"] == "BadRequest", bad
     assert server.client.post("/jobs", content=b"{", headers={"content-type": "application/json"}).status_code == 400

@@ -14,7 +14,7 @@ PUBLIC = [
     "JobSettings", "JobState", "JobTooLarge", "ManagedModel", "NoLiveWorker", "Overloaded", "Progress",
     "RStreamerError", "RateLimited", "RedisStreamer", "RedisWorker", "RemoteError", "Restarted", "Step",
     "Streamer", "StreamerTimeout", "ThreadedStreamer", "WorkerSettings", "WorkerStartupError", "register_type",
-    "run_redis_workers_forever",
+    "run_redis_workers_forever", "verify_webhook_signature",
 ]
 
 

@@ -1,4 +1,5 @@
--- KEYS[1] request stream, KEYS[2] workers hash. ARGV: group, consumer, dead_after ms.
+-- KEYS[1] a work stream (a request stream, the webhooks stream), KEYS[2] workers hash.
+-- ARGV: group, consumer, dead_after ms.
 -- Remove a dead consumer only if, at this instant, it holds no entry and has not read for
 -- dead_after: a consumer that was stalled but is alive may read between a listing and the
 -- delete, and XGROUP DELCONSUMER would drop the entries it just read from every pending list.
