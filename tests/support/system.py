@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import threading
 
+import pytest
+
 _lock = threading.Lock()
 _updated = False
 
@@ -33,3 +35,19 @@ def debian_tool(command: str, package: str) -> tuple[str | None, str]:
         _updated = True
         found = shutil.which(command)
         return (found, "") if found else (None, f"{package} installed no {command}")
+
+
+def in_ci() -> bool:
+    """Whether the tests run in CI (``.ci/run`` exports CI=1, as CI services do): a tool that is
+    missing there is a broken set-up, not a reason to skip."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def require_debian_tool(command: str, package: str) -> str:
+    """:func:`debian_tool`'s path; without it the test skips, or fails in CI (:func:`in_ci`)."""
+    path, why = debian_tool(command, package)
+    if path is None:
+        if in_ci():
+            pytest.fail(f"{why} (CI needs it: the tests that use it cannot be skipped there)")
+        pytest.skip(why)
+    return path
