@@ -2,10 +2,11 @@
 
 Each worker measures (:class:`PaceRecorder`, one of its observers):
 
-- its **capacity**: items per busy second (a batch is busy from its start to its replies and acks
-  being in Redis) and the mean ``cost()`` per item, over its last :data:`WINDOW` batches. It is
-  what the worker does while it has work, whatever the load right now, so a fleet that has been
-  idle still knows how fast it drains a backlog that just arrived;
+- its **capacity**: items per busy second with full batches (a batch is busy from its start to
+  its replies and acks being in Redis; :func:`full_batch_rate`) and the mean ``cost()`` per item,
+  over its last :data:`WINDOW` batches. It is what the worker does while it has work, whatever the
+  load right now, so a fleet that has been idle still knows how fast it drains a backlog that just
+  arrived;
 - per item, its **queue wait** (XADD to the batch's start) and its **latency** (XADD to its reply
   being in Redis: what the caller waits, less one network hop), both on the Redis server's clock,
   as cumulative counts over the fixed buckets :data:`BOUNDS_MS`; a reader takes the difference of
@@ -106,13 +107,14 @@ class PaceRecorder(WorkerHooks):
         self._started = None
 
     def capacity(self) -> tuple[float, float] | None:
-        """(items per busy second, mean cost per item) over the window; None before a batch."""
+        """(items per busy second with full batches, mean cost per item) over the window; None
+        before a batch (see :func:`full_batch_rate`)."""
         items = sum(batch[0] for batch in self._batches)
         if not items:
             return None
         cost = sum(batch[1] for batch in self._batches)
-        busy = sum(batch[2] for batch in self._batches)
-        return items / busy, cost / items
+        rate = full_batch_rate([(batch[0], batch[2]) for batch in self._batches], self._batch_size)
+        return rate, cost / items
 
     def remembered(self) -> dict[str, float] | None:
         """This worker's capacity as the prefix's ``pace`` key keeps it, or None before a batch."""
@@ -124,6 +126,29 @@ class PaceRecorder(WorkerHooks):
         measured = self.capacity()
         return {"ips": round(measured[0], 3) if measured else None, "cpi": round(measured[1], 3) if measured else None,
                 "bs": self._batch_size or None, "wait": list(self._wait), "lat": list(self._latency)}
+
+
+def full_batch_rate(batches: Sequence[tuple[int, float]], limit: int) -> float:
+    """Items per busy second a worker reaches with full batches (``limit`` items), from its
+    recent ``(items, busy seconds)`` batches.
+
+    A backlog is drained in full batches, but the recent batches may be small (light load), and a
+    batch's time grows less than its size (that is why batching pays). So the busy time is fitted as
+    ``fixed + per_item * items`` (least squares over the batches, both parts at least 0) and taken at
+    ``limit``; never below the rate observed. Batches all of one size give no fit: the observed rate
+    (cautious, so a drain time from it errs long).
+    """
+    items = sum(n for n, _ in batches)
+    busy = sum(t for _, t in batches)
+    observed = items / busy
+    mean_n, mean_t = items / len(batches), busy / len(batches)
+    spread = sum((n - mean_n) ** 2 for n, _ in batches)
+    if spread <= 0 or limit <= 0:
+        return observed
+    per_item = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in batches) / spread)
+    fixed = max(0.0, mean_t - per_item * mean_n)
+    at_limit = fixed + per_item * limit
+    return max(observed, limit / at_limit) if at_limit > 0 else observed
 
 
 # reading ------------------------------------------------------------------------------------

@@ -481,10 +481,10 @@ def annotated_pods() -> dict[str, tuple[dict[str, str], dict[str, Any]]]:
 def test_k8s_every_rstreamer_deployment_is_scraped_on_its_metrics_port():
     pods = annotated_pods()
     assert set(pods) == JOBS, "the job label is the pod's app.kubernetes.io/name"
-    for name, (annotations, container_spec) in pods.items():
+    for name, (pod_annotations, container_spec) in pods.items():
         ports = {port["containerPort"] for port in container_spec["ports"]}
-        assert int(annotations["prometheus.io/port"]) in ports, name
-        assert annotations["prometheus.io/path"] == "/metrics"
+        assert int(pod_annotations["prometheus.io/port"]) in ports, name
+        assert pod_annotations["prometheus.io/path"] == "/metrics"
     worker = pods["rstreamer-worker"][1]
     argv = worker["command"] + worker.get("args", [])
     assert option_value(argv, "--metrics-host") == "0.0.0.0"

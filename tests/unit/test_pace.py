@@ -15,6 +15,7 @@ from rstreamer.ops.pace import (
     bucket_of,
     drain_seconds,
     fleet_capacity,
+    full_batch_rate,
     pace_of,
     quantile_ms,
 )
@@ -45,7 +46,7 @@ def run_batch(pace: PaceRecorder, clock: FakeClock, items: int, seconds: float, 
     pace.batch_done()
 
 
-def test_capacity_is_items_per_busy_second_over_the_last_batches():
+def test_capacity_is_measured_in_busy_time_over_the_last_batches():
     clock = FakeClock()
     pace = recorder(clock)
     assert pace.capacity() is None and pace.published()["ips"] is None
@@ -53,12 +54,23 @@ def test_capacity_is_items_per_busy_second_over_the_last_batches():
     advance(clock, 100.0)  # idle time between batches is not busy time
     run_batch(pace, clock, 4, 0.5)
     items_per_s, cost_per_item = pace.capacity()
-    assert items_per_s == pytest.approx(12.0) and cost_per_item == 1.0
+    # Both batches took 0.5 s whatever their size: a full batch (8) runs 16 items per busy second.
+    assert items_per_s == pytest.approx(16.0) and cost_per_item == 1.0
     for _ in range(4):  # the window keeps the last 4 batches
         run_batch(pace, clock, 2, 1.0, cost=20.0)
     items_per_s, cost_per_item = pace.capacity()
     assert items_per_s == pytest.approx(2.0) and cost_per_item == pytest.approx(10.0)
     assert pace.remembered() == {"ips": 2.0, "cpi": 10.0}
+
+
+def test_capacity_is_taken_at_full_batches_when_the_recent_ones_were_smaller():
+    # 10 ms per batch plus 1 ms per item: small batches run far fewer items per second than full ones.
+    batches = [(n, 0.010 + 0.001 * n) for n in (1, 2, 1, 4, 2)]
+    assert full_batch_rate(batches, 16) == pytest.approx(16 / 0.026)
+    assert full_batch_rate([(1, 0.011)] * 5, 16) == pytest.approx(1 / 0.011), "one size: no fit, the observed rate"
+    # Noise that would make a batch cheaper than nothing, or larger batches faster: never below the observed rate.
+    noisy = [(1, 0.02), (8, 0.01)]
+    assert full_batch_rate(noisy, 8) >= 9 / 0.03
 
 
 def test_waits_and_latencies_are_counted_on_the_server_clock():
