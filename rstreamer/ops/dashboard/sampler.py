@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -34,8 +36,12 @@ class Sampler:
     """Samples every prefix (or the given ones) every ``interval`` seconds, keeping ``window`` seconds."""
 
     def __init__(self, client: RedisClient, dead_after: float, interval: float = 1.0, window: float = 300.0,
-                 prefixes: list[str] | None = None, dead_letters_shown: int = 20, jobs_shown: int = 20) -> None:
+                 prefixes: list[str] | None = None, dead_letters_shown: int = 20, jobs_shown: int = 20,
+                 shelf: Callable[[RedisClient], Any] | None = None) -> None:
         self.client = client
+        # The hook for the shelf of models (issue 24): a reader of the shelf, sampled with the
+        # prefixes; its result is the state's "shelf" (None without one), which the page shows.
+        self._shelf = shelf
         self.dead_after = dead_after
         self.interval = interval
         self._fixed = [Keys(p).prefix for p in prefixes] if prefixes else None
@@ -86,13 +92,14 @@ class Sampler:
             snapshots = status.take_snapshots(self.client, prefixes)
             state: dict[str, Any] = {"now_ms": 0, "prefixes": [self._prefix(s) for s in snapshots], "error": None}
             state["now_ms"] = max((p["now_ms"] for p in state["prefixes"]), default=0)
+            state["shelf"] = self._shelf(self.client) if self._shelf is not None else None
         except redis.RedisError as exc:
             logger.warning("cannot read Redis: %s", exc)
             with self._lock:
                 # The last good sample stays (the page marks it stale); its time says how old it is.
                 self._state = {**self._state, "error": f"Redis unreachable: {exc}"}
             return
-        state["sampled_ms"] = state["now_ms"]
+        state["sampled_ms"] = state["now_ms"] or int(time.time() * 1000)
         with self._lock:
             self._state = state
 
