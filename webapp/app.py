@@ -152,7 +152,7 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
             start, count = jobs.page_params(request.args)
             job = streamer.get().job(job_id)
             info = job.info()
-            items = job.results_page(start, count) if jobs.wants_outputs(info) else None
+            items = job.results_page(start, count) if jobs.wants_outputs(info, count) else None
             return 200, jobs.status_body(info, items, start, count), {}
         return answer("/jobs/<id>", show)
 

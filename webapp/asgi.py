@@ -28,15 +28,16 @@ from rstreamer.wire.published import parse_read_workers
 from rstreamer.wire.scripts import scripts
 
 from . import jobs, metrics, multiproc, protocol, sse
-from .config import WebConfig
+from .config import WebConfig, settings_or_exit
 from .gate import WorkerGate
 
 T = TypeVar("T")
 
 
 def create_app(config: WebConfig | None = None) -> Starlette:
-    """The Starlette app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
-    config = config or WebConfig.from_env()
+    """The Starlette app, configured by ``config`` (default: from the environment; an invalid
+    setting stops the server with one line, see :func:`webapp.config.settings_or_exit`)."""
+    config = config or settings_or_exit("rstreamer web app (ASGI)")
     config.announce("rstreamer web app (ASGI)")
     multiproc.check("rstreamer web app (ASGI)")
     keys = Keys(config.prefix)
@@ -151,7 +152,7 @@ async def _show_job(request: Request) -> Response:
         start, count = jobs.page_params(request.query_params)
         job = await request.app.state.streamer.job(request.path_params["job_id"])
         info = await job.info()
-        items = await job.results_page(start, count) if jobs.wants_outputs(info) else None
+        items = await job.results_page(start, count) if jobs.wants_outputs(info, count) else None
         return 200, jobs.status_body(info, items, start, count), {}
     return await _job_answer("/jobs/<id>", show)
 

@@ -36,15 +36,21 @@ control_socket_disable = True
 _metrics_dir, _created_metrics_dir = multiproc.prepare()
 
 
-def on_starting(server: Any) -> None:
-    """Say where the metrics of every worker process are added up."""
-    if _metrics_dir is not None:
-        server.log.info("Prometheus multiprocess metrics in %s", _metrics_dir)
-
-
 def on_exit(server: Any) -> None:
     """Remove this master's metrics directory."""
     multiproc.cleanup(_metrics_dir, _created_metrics_dir)
+
+
+def on_starting(server: Any) -> None:  # gunicorn's Arbiter (untyped)
+    """Refuse to start, in one line and before any worker forks, when a setting of the app is
+    invalid: workers that fail to build the app would only end the server with a traceback, and a
+    broker URL that is not Redis's would fail every request. Then say where the metrics of every
+    worker process are added up."""
+    from webapp.config import settings_or_exit
+
+    settings_or_exit("rstreamer web app (gunicorn)")
+    if _metrics_dir is not None:
+        server.log.info("Prometheus multiprocess metrics in %s", _metrics_dir)
 
 
 def post_fork(server: Any, worker: Any) -> None:  # gunicorn's Arbiter and Worker (untyped)

@@ -5,7 +5,7 @@
 ``{"job_id", "status_url"}`` and a ``Location`` header. ``GET /jobs/<id>?start=0&count=1000``
 answers the job's status and counters and, once it has finished, one page of its outputs
 (``{"index", "output"}`` or ``{"index", "error": {"type", "message"}}``) with the URL of the next
-page. An unknown or expired id is a 404.
+page; ``count=0`` answers the status alone. An unknown or expired id is a 404.
 """
 from __future__ import annotations
 
@@ -69,9 +69,10 @@ def submitted(job_id: str) -> tuple[bytes, dict[str, str]]:
 
 
 def page_params(query: Mapping[str, str]) -> tuple[int, int]:
-    """``start`` and ``count`` of ``GET /jobs/<id>``; raises a 400 HTTPError when they are not numbers in range."""
+    """``start`` and ``count`` of ``GET /jobs/<id>`` (``count=0``: no outputs, the status alone);
+    raises a 400 HTTPError when they are not numbers in range."""
     values = []
-    for name, default, low, high in (("start", 0, 0, None), ("count", MAX_PAGE, 1, MAX_PAGE)):
+    for name, default, low, high in (("start", 0, 0, None), ("count", MAX_PAGE, 0, MAX_PAGE)):
         raw = query.get(name)
         try:
             value = default if raw in (None, "") else int(str(raw))
@@ -83,9 +84,10 @@ def page_params(query: Mapping[str, str]) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def wants_outputs(info: JobInfo) -> bool:
-    """Outputs are listed once the job has finished (a cancelled one lists what was answered)."""
-    return info.state.finished
+def wants_outputs(info: JobInfo, count: int = MAX_PAGE) -> bool:
+    """Outputs are listed once the job has finished (a cancelled one lists what was answered),
+    unless the request asked for none (``count=0``: the status alone)."""
+    return info.state.finished and count > 0
 
 
 def status_body(info: JobInfo, items: list[JobItem] | None, start: int, count: int) -> bytes:

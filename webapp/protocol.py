@@ -200,15 +200,20 @@ def error_reply(exc: BaseException) -> tuple[int, bytes, Headers]:
     headers = {"Retry-After": RETRY_AFTER} if status == 503 else {}
     if isinstance(exc, RateLimited):  # whole seconds (RFC 9110), never 0: "now" would only be refused again
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-    return status, dumps({"error": {"type": error_type, "message": message}}), headers
+    error: dict[str, Any] = {"type": error_type, "message": message}
+    if isinstance(exc, RemoteError) and exc.index is not None:
+        error["input"] = exc.index  # the failed input's position in the request's "inputs"
+    return status, dumps({"error": error}), headers
 
 
 def _describe(exc: BaseException) -> tuple[int, str, str]:
     if isinstance(exc, HTTPError):
         return exc.status, exc.error_type, str(exc)
     if isinstance(exc, RemoteError):
-        # The model's own exception type and message; its traceback stays in the worker's log.
-        return exc.http_status, exc.remote_type, exc.remote_message
+        # The model's own exception type and message, naming the input by its index in the
+        # request (InvalidInput: 400); the traceback stays in the worker's log.
+        where = f"input {exc.index}: " if exc.index is not None else ""
+        return exc.http_status, exc.remote_type, f"{where}{exc.remote_message}"
     if isinstance(exc, (BrokerUnavailable, redis.RedisError)):
         # The detail names internal hosts: log it, do not send it.
         logger.warning("predict: broker error: %s", exc)

@@ -262,7 +262,7 @@ def item_of(index: int, outcome: Outcome[Any]) -> JobItem:
         return JobItem(index, outcome.value)
     failure = outcome.failure
     assert failure is not None
-    return JobItem(index, error=remote_error_from(failure.type, failure.message, failure.kind))
+    return JobItem(index, error=remote_error_from(failure.type, failure.message, failure.kind, index))
 
 
 def log_indexes(fields: Mapping[bytes, bytes]) -> list[int]:
@@ -416,6 +416,17 @@ class JobClient:
         job = Job(self, check_job_id(job_id))
         job.info()
         return job
+
+    def ids_starting_with(self, start: str) -> builtins.list[str]:
+        """The ids of the prefix's jobs that begin with ``start`` (lowercase hex), sorted: how
+        ``rstreamer jobs show`` accepts a unique prefix of an id, as git does. ZSCAN, so a
+        prefix with many jobs does not block the server."""
+        if not start or any(c not in "0123456789abcdef" for c in start):
+            return []
+        with broker_errors(self.url):
+            found = {member.decode() for member, _ in self.redis.zscan_iter(self.keys.jobs, match=f"{start}*",
+                                                                            count=1000)}
+        return sorted(found)
 
     def list(self, limit: int = 100) -> list[JobInfo]:
         """The prefix's jobs that have not expired, newest first."""

@@ -169,8 +169,9 @@ class WorkerMetrics(WorkerHooks):
         """Expose the counters of ``stats`` (a live WorkerStats)."""
         self.registry.register(StatsCollector(self.prefix, stats, worker, gpu))
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` on ``port`` from a daemon thread; raises OSError if the port is taken."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` on ``addr:port`` from a daemon thread (default: this machine only, as
+        the dashboard); raises OSError if the port is taken."""
         self._server, _ = start_http_server(port, addr, registry=self.registry)
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ default), so a 1 s window is a coarse, recent rate, not an average since start.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import time
@@ -21,6 +22,7 @@ import redis
 
 from ..batching.priority import Levels
 from ..broker.connection import RedisClient, StreamRows, is_nogroup
+from ..errors import PrefixInUse
 from ..wire.keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
 from ..wire.published import live_workers, published_levels, read_workers
 from ..wire.scripts import scripts
@@ -237,24 +239,38 @@ def prefix_status(
     if interval > 0:
         sleep(interval)
         last = take_snapshots(client, [prefix])[0]
+    workers = worker_rows(last, dead_after)
     return {
         "prefix": last.prefix,
+        "state": prefix_state(len(workers), last.queue_length + last.pending),
         "queue_length": last.queue_length,
         "pending": last.pending,
         "dead_letters": last.dead_letters,
         "drain": drain_report(last, dead_after),
         "levels": level_rows(last, last.capacity(dead_after)),
-        "workers": worker_rows(last, dead_after),
+        "workers": workers,
         "throughput": throughput(first, last, dead_after) if interval > 0 else None,
     }
 
 
 def prefix_known(client: RedisClient, prefix: str) -> bool:
     """True when anything exists under ``prefix``: its request stream (a worker or a call
-    creates it), a worker's heartbeat or a dead letter. False for a misspelt prefix."""
+    creates it), a worker's heartbeat, a dead letter or a job. False for a misspelt prefix."""
     keys = Keys(prefix)
     # One slot (the keys share their hash tag), so one EXISTS works on Redis Cluster too.
-    return bool(client.exists(keys.requests, keys.workers, keys.dead))
+    return bool(client.exists(keys.requests, keys.workers, keys.dead, keys.jobs))
+
+
+def unknown_prefix_message(client: RedisClient, prefix: str, where: str) -> str:
+    """Why ``prefix`` shows nothing at ``where`` (a redacted URL), and which prefixes this Redis
+    does have, the likeliest meant first: a misspelt prefix is the usual cause."""
+    prefix = Keys(prefix).prefix
+    known = list_prefixes(client)
+    close = difflib.get_close_matches(prefix, known, n=10, cutoff=0.5)
+    known = close + [name for name in known if name not in close]
+    shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+    return (f"prefix {prefix!r} is unknown at {where}: no request stream, worker, dead letter or job under it "
+            f"({'known prefixes: ' + shown if known else 'no prefix is known there'})")
 
 
 def list_prefixes(client: RedisClient) -> list[str]:
@@ -267,20 +283,32 @@ def list_prefixes(client: RedisClient) -> list[str]:
     return sorted(found)
 
 
+def prefix_state(live: int, waiting: int) -> str:
+    """``serving`` (a live worker), ``unserved`` (items wait or are pending, no live worker) or
+    ``idle`` (no live worker and nothing waiting: a prefix nobody may use any more; ``rstreamer
+    forget`` deletes it)."""
+    if live:
+        return "serving"
+    return "unserved" if waiting else "idle"
+
+
 def all_prefixes_status(client: RedisClient, dead_after: float) -> list[dict[str, Any]]:
-    """A one-line summary of every prefix."""
-    return [
-        {"prefix": s.prefix, "queue_length": s.queue_length, "pending": s.pending, "dead_letters": s.dead_letters,
-         "live_workers": len(live_workers(s.now_ms, s.workers, int(dead_after * 1000))),
-         "drain_s": drain_report(s, dead_after)["seconds"]}
-        for s in take_snapshots(client, list_prefixes(client))
-    ]
+    """A one-line summary of every prefix, with its :func:`prefix_state` and its expected drain time."""
+    rows = []
+    for s in take_snapshots(client, list_prefixes(client)):
+        live = len(live_workers(s.now_ms, s.workers, int(dead_after * 1000)))
+        rows.append({"prefix": s.prefix, "queue_length": s.queue_length, "pending": s.pending,
+                     "dead_letters": s.dead_letters, "live_workers": live,
+                     "state": prefix_state(live, s.queue_length + s.pending),
+                     "drain_s": drain_report(s, dead_after)["seconds"]})
+    return rows
 
 
 def format_prefix_status(status: dict[str, Any]) -> str:
     """``status`` (from :func:`prefix_status`) as a human-readable table."""
     lines = [
-        f"prefix        {status['prefix']}",
+        f"prefix        {status['prefix']}" + (f"  ({_STATE_NOTES[status['state']]})" if status.get("state") in
+                                                _STATE_NOTES else ""),
         f"queue length  {status['queue_length']}  (waiting, not yet delivered)",
         f"pending       {status['pending']}  (delivered to a worker, not yet acked)",
         f"dead letters  {status['dead_letters']}",
@@ -321,9 +349,18 @@ def format_all_prefixes(summaries: list[dict[str, Any]]) -> str:
     """The summaries of :func:`all_prefixes_status` as a table."""
     if not summaries:
         return "no prefixes (no request stream found)"
-    columns = ("prefix", "queue_length", "pending", "dead_letters", "live_workers", "drain_s")
-    rows = [[_cell(s[c]) if c != "drain_s" else _drain_cell(s) for c in columns] for s in summaries]
-    return "\n".join(_table(columns, rows))
+    columns = ("prefix", "state", "queue_length", "pending", "dead_letters", "live_workers", "drain_s")
+    rows = [[_cell(s.get(c)) if c != "drain_s" else _drain_cell(s) for c in columns] for s in summaries]
+    lines = _table(columns, rows)
+    if any(s.get("state") == "idle" for s in summaries):
+        lines.append(f"\nidle: {_STATE_NOTES['idle']}")
+    return "\n".join(lines)
+
+
+_STATE_NOTES = {
+    "idle": "no live worker and nothing queued; `rstreamer forget PREFIX` deletes a prefix nobody uses",
+    "unserved": "items wait and no live worker serves them",
+}
 
 
 def _drain_cell(summary: dict[str, Any]) -> str:
@@ -358,3 +395,29 @@ def oldest_waiting_ms(client: RedisClient, keys: Keys) -> int | None:
     start = b"(" + (last if isinstance(last, bytes) else last.encode())
     oldest = cast(StreamRows, client.xrange(keys.requests, min=start, count=1))
     return int(oldest[0][0].split(b"-")[0]) if oldest else None
+
+
+def prefix_keys(client: RedisClient, prefix: str) -> list[str]:
+    """Every key of ``prefix`` (SCAN, so a large Redis is not blocked), sorted."""
+    return sorted({_text(key) for key in client.scan_iter(match=Keys(prefix).pattern, count=1000)})
+
+
+def forget_prefix(client: RedisClient, prefix: str, dead_after: float, chunk: int = 500) -> int:
+    """Delete every key of ``prefix`` (its streams, dead letters, jobs, replies...); how many.
+
+    Raises:
+        PrefixInUse: a worker heart-beat on the prefix within ``dead_after`` seconds: a prefix
+            that is served is never forgotten (its workers would only recreate it, half).
+    """
+    keys = Keys(prefix)
+    now_ms, workers = read_workers(client, keys)
+    live = sorted(live_workers(now_ms, workers, int(dead_after * 1000)))
+    if live:
+        raise PrefixInUse(f"prefix {keys.prefix!r} has {len(live)} live worker(s) ({', '.join(live[:5])}"
+                          f"{' ...' if len(live) > 5 else ''}); stop them first")
+    names = prefix_keys(client, keys.prefix)
+    deleted = 0
+    for start in range(0, len(names), chunk):
+        # One slot (the keys share their hash tag): a multi-key UNLINK works on Redis Cluster too.
+        deleted += int(client.unlink(*names[start:start + chunk]))
+    return deleted

@@ -182,6 +182,12 @@ class Keys:
         """Every key of one job (to expire or delete them together)."""
         return [self.job(job_id), self.job_inputs(job_id), self.job_results(job_id), self.job_log(job_id)]
 
+    @property
+    def pattern(self) -> str:
+        """A SCAN pattern that matches every key of this prefix (``rstreamer forget``): the hash
+        tag is literal in a glob, and a prefix holds no glob character."""
+        return self._key("*")
+
     def reply(self, token: str) -> str:
         """The reply list of one call; ``token`` is ``<client>:<task>``, checked here."""
         if not is_reply_token(token):

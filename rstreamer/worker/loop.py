@@ -16,8 +16,10 @@ from typing import Any
 
 import redis
 
-from ..batching.batcher import Batcher, BatchObserver, Failure, Outcome, answer_batch
+from ..batching.batcher import WITHDRAWN, Batcher, BatchObserver, Failure, Outcome, answer_batch
 from ..batching.costing import OomGuard, oom_error_types, safe_cost
+from ..batching.priority import Levels
+from ..batching.quotas import Quotas
 from ..broker.clock import ServerClock
 from ..broker.connection import create_redis, is_nogroup, normalize_broker_url, redacted
 from ..errors import FailureKind
@@ -169,22 +171,29 @@ class RedisWorker:
         if gpu_id is not None:
             self.gpu_id = gpu_id
         self._install_signal_handlers()
-        if self._predict is _not_loaded:
-            self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
+        self.load_model()
         warn_if_gpu_invisible(self.gpu_id)
         if not self._connect():
             self._finish_drain()
             return
         self._beater.start()
         self._webhooks.start()
-        logger.info("worker %s: serving prefix %r on %s, batch %d, max latency %.3fs",
-                    self.name, self.keys.prefix, redacted(self.url), self.policy.batch_size, self.policy.max_latency)
+        logger.info("worker %s: serving prefix %r on %s: %s", self.name, self.keys.prefix, redacted(self.url),
+                    serving_summary(self.settings, self.levels, self.quotas, generative=self._lane is not None))
         try:
             while not self._stopping.is_set():
                 self._beater.tick()
                 self.step()
         finally:
             self._shutdown()
+
+    def load_model(self) -> None:
+        """Build the model and run its ``init_model`` (once; :meth:`run_forever` calls it too).
+
+        Raises whatever ``init_model`` raises, and ConfigError for a model that does not import.
+        """
+        if self._predict is _not_loaded:
+            self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
 
     def _use_model(self, predict: Predictor) -> None:
         """Serve ``predict``; batch by its model's ``cost()`` when it defines one."""
@@ -374,21 +383,28 @@ class RedisWorker:
         request_costs: list[int] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
-        withdrawn = cancelled_items(self._redis, self.keys,
-                                    [(p.request.token, p.request.index) for p in batch if p.request is not None])
         for parsed, cost in zip(batch, costs or [1] * len(batch), strict=True):
-            if parsed.request is not None and (parsed.request.token, parsed.request.index) not in withdrawn:
+            if parsed.request is not None:
                 requests.append(parsed.request)
                 request_costs.append(cost)
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
-        self.stats.cancelled += len(withdrawn)
         requests, request_costs = self._jobs.admit(requests, request_costs)
-        ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
-                           hint=self._hint, oom=self._batcher.oom, costs=request_costs)
+        # Deadlines and withdrawals are checked right before every call of the model (each half
+        # of a batch that a failure splits included): nothing runs for a caller that is gone.
+        ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint,
+                           oom=self._batcher.oom, costs=request_costs, clock=self._clock.now,
+                           withdrawn=self._withdrawn)
         self._beater.tick()
-        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
+        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran
+                    if outcome is not WITHDRAWN]
+        self.stats.cancelled += sum(outcome is WITHDRAWN for _, outcome in ran)
         self._finish(answers, dead, [parsed.ref for parsed in batch])
+
+    def _withdrawn(self, requests: Sequence[Request]) -> set[int]:
+        """The positions of the requests whose callers withdrew them (rstreamer.cancel)."""
+        marked = cancelled_items(self._redis, self.keys, [(r.token, r.index) for r in requests])
+        return {position for position, r in enumerate(requests) if (r.token, r.index) in marked} if marked else set()
 
     def _malformed(self, parsed: Parsed, dead: list[DeadLetter]) -> list[Answer]:
         """Dead-letter a malformed entry; the answer to its caller when it named one."""
@@ -517,6 +533,37 @@ class RedisWorker:
                 answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
         self._finish(answers, dead, [(level, entry_id) for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
+
+
+def serving_summary(settings: WorkerSettings, levels: Levels, quotas: Quotas, generative: bool = False) -> str:
+    """What a worker runs, for its start-up line: batching (max latency only where it applies: a
+    generative lane never waits for a batch to fill), cost budget, priority levels, tenant sharing
+    and quotas."""
+    if generative:
+        parts = [f"generative, up to {settings.batch_size} sequences at once"]
+    else:
+        parts = [f"batch {settings.batch_size}, max latency {settings.max_latency:.3f}s"]
+    if settings.max_batch_cost:
+        parts.append(f"max batch cost {settings.max_batch_cost} ({settings.cost_model})")
+    if levels.count == 1:
+        parts.append("one priority level")
+    else:
+        parts.append(f"{levels.count} priority levels, weights {','.join(map(str, levels.weights))}")
+        if any(levels.max_queue):
+            parts.append(f"level queue bounds {','.join(map(str, levels.max_queue))}")
+    parts.append("tenants share fairly" if levels.fair else "tenants in arrival order (fifo)")
+    parts.append(_quota_summary(quotas))
+    return ", ".join(parts)
+
+
+def _quota_summary(quotas: Quotas) -> str:
+    if not quotas.enabled:
+        return "no tenant quotas"
+    default = quotas.default
+    text = (f"tenant quota {default.rate:g} items/s, burst {default.burst}" if default.rate
+            else "no quota for other tenants")
+    own = "; ".join(f"{name} {quota.rate:g}/s burst {quota.burst}" for name, quota in sorted(quotas.tenants.items()))
+    return f"{text}{'; ' + own if own else ''}"
 
 
 def warn_if_gpu_invisible(gpu_id: int | None) -> None:

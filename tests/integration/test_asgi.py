@@ -46,7 +46,8 @@ def test_every_error_status(redis_url, prefix, workers, web):
     server = web.uvicorn(prefix, RSTREAMER_MAX_BODY="2000")
     model_error = server.predict(["boom"])
     assert model_error.status_code == 500
-    assert model_error.json() == {"error": {"type": "ValueError", "message": "boom is not a number"}}
+    assert model_error.json() == {"error": {"type": "ValueError", "message": "input 0: boom is not a number",
+                                            "input": 0}}
     malformed = server.client.post("/predict", content=b"{oops", headers={"content-type": "application/json"})
     assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "BadRequest"
     assert server.client.post("/predict", data={"t": "1"}).status_code == 400

@@ -199,6 +199,28 @@ def test_a_fleet_under_load_in_a_browser(chromium, redis_url, redis_client, pref
     assert problems == []
 
 
+def test_bound_to_every_address_it_refuses_a_rebound_host(redis_client, redis_url, prefix):
+    """DNS rebinding: a page of rebind.attacker.example, whose name now resolves to this machine,
+    asks the dashboard for its CSRF token and purges a dead letter. Bound to 0.0.0.0, any Host
+    used to pass; only this machine's names and addresses, and --allowed-host ones, do now."""
+    ensure_group(redis_client, Keys(prefix))
+    letter = redis_client.xadd(Keys(prefix).dead, {"reason": "test"}).decode()
+    proc, url = start_dashboard(redis_url, "--host", "0.0.0.0", "--allow-actions", "--allowed-host", "dash.example")
+    try:
+        evil = {"Host": "rebind.attacker.example"}
+        session = httpx.get(f"{url}/api/session", headers=evil, timeout=5)
+        assert session.status_code == 421 and "csrf" not in session.text, session.text
+        purge = httpx.post(f"{url}/api/prefixes/{prefix}/dead/purge", json={"ids": [letter]},
+                           headers={**evil, "X-CSRF-Token": "guess"}, timeout=5)
+        assert purge.status_code == 421 and redis_client.xlen(Keys(prefix).dead) == 1
+        for host in ("dash.example", "dash.example:8700", "127.0.0.1", "10.1.2.3:8700", "[fd00::1]:8700",
+                     "localhost"):
+            answer = httpx.get(f"{url}/api/session", headers={"Host": host}, timeout=5)
+            assert answer.status_code == 200 and answer.json()["csrf"], host
+    finally:
+        stop(proc)
+
+
 def malformed_entry(client: redis.Redis, redis_url: str, prefix: str, token: str) -> dict[bytes, bytes]:
     """A real client's entry for the item 21 (taken off the stream before any worker runs), with
     our own reply token and no deadline: a worker dead-letters it as malformed."""

@@ -63,8 +63,18 @@ def test_actions_need_the_csrf_token(sampler, redis_client, prefix):
 def test_an_unknown_host_is_refused(sampler):
     """A DNS-rebinding page reaches 127.0.0.1 under its own host name: refused."""
     client = TestClient(create_app(sampler, Options()))
-    assert client.get("/api/state", headers={"Host": "evil.example"}).status_code == 400
-    assert client.get("/api/state", headers={"Host": "127.0.0.1:8700"}).status_code == 200
+    assert client.get("/api/state", headers={"Host": "evil.example"}).status_code == 421
+    assert client.get("/api/state", headers={"Host": "10.0.0.5:8700"}).status_code == 421  # not bound there
+    for host in ("127.0.0.1:8700", "localhost", "[::1]:8700", "LOCALHOST."):
+        assert client.get("/api/state", headers={"Host": host}).status_code == 200, host
+
+
+def test_an_idle_prefix_is_marked_idle(sampler, redis_client, prefix):
+    letter(redis_client, prefix)  # a dead letter, no worker, nothing queued
+    sampler.sample()
+    state = client_for(sampler).get("/api/state").json()
+    (row,) = [p for p in state["prefixes"] if p["prefix"] == prefix]
+    assert row["state"] == "idle"
 
 
 def test_the_page_allows_no_inline_script(sampler):

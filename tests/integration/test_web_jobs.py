@@ -33,6 +33,11 @@ def test_submit_follow_and_page_outputs(redis_url, prefix, workers, server):
     last = server.client.get(f"{body['status_url']}?start=2400&count=1000").json()
     assert last["next"] is None and len(last["outputs"]) == 101
     assert last["outputs"][-1] == {"index": 2500, "error": {"type": "ValueError", "message": "boom is not a number"}}
+    # count=0: the status and counters alone, without a page of outputs
+    status = server.client.get(f"{body['status_url']}?count=0")
+    assert status.status_code == 200, status.text
+    assert status.json()["status"] == "failed" and status.json()["done"] == 2500
+    assert "outputs" not in status.json() and "next" not in status.json()
 
 
 def test_cancel_unknown_and_bad_requests(redis_client, prefix, workers, server):
@@ -55,6 +60,7 @@ def test_cancel_unknown_and_bad_requests(redis_client, prefix, workers, server):
         refused = server.client.post("/jobs", json=bad)
         assert refused.status_code == 400 and refused.json()["error"]["type"] == "BadRequest", bad
     assert server.client.post("/jobs", content=b"{", headers={"content-type": "application/json"}).status_code == 400
-    assert server.client.get(f"{url}?count=0").status_code == 400
+    assert server.client.get(f"{url}?count=-1").status_code == 400
+    assert server.client.get(f"{url}?count=1001").status_code == 400
     assert server.client.get(f"{url}?start=x").status_code == 400
     assert not redis_client.exists(Keys(prefix).job_inputs(url.rsplit("/", 1)[1]))

@@ -63,7 +63,8 @@ def test_model_error_is_500_with_type_and_message_only(redis_url, prefix, worker
     server = web.gunicorn(prefix)
     response = server.predict([1, "boom"])
     assert response.status_code == 500
-    assert response.json() == {"error": {"type": "ValueError", "message": "boom is not a number"}}
+    assert response.json() == {"error": {"type": "ValueError", "message": "input 1: boom is not a number",
+                                         "input": 1}}
     assert "Traceback" not in response.text
     assert server.predict([4]).json() == {"outputs": [8]}, "one bad request must not break the next"
 

@@ -1,12 +1,14 @@
 """Small real models for the tests (importable by worker processes via PYTHONPATH)."""
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rstreamer import GenerativeModel, ManagedModel, Step
+from rstreamer import GenerativeModel, InvalidInput, ManagedModel, Step
 
 
 def double(batch: list[Any]) -> list[Any]:
@@ -58,6 +60,51 @@ class Placement(ManagedModel):
 class BrokenInit(ManagedModel):
     def init_model(self) -> None:
         raise RuntimeError("weights not found")
+
+
+class LoadsOnce(ManagedModel):
+    """Loads the first time (and its process then dies after ``die_after`` s); every later
+    init_model fails, as a model whose GPU broke after it had loaded. ``marker``: a file it creates."""
+
+    def init_model(self, marker: str, die_after: float = 0.5) -> None:
+        if os.path.exists(marker):
+            raise RuntimeError("weights not found")
+        open(marker, "w").close()
+        threading.Timer(die_after, os._exit, args=(17,)).start()
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+
+class Picky(ManagedModel):
+    """x -> 2x for an int; anything else is refused with InvalidInput."""
+
+    def init_model(self) -> None:
+        pass
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        for item in batch:
+            if not isinstance(item, int):
+                raise InvalidInput(f"expected an int, got {type(item).__name__}")
+        return [item * 2 for item in batch]
+
+
+class SlowToFail(ManagedModel):
+    """Logs each batch it is given (one JSON line to ``log``, at the start of the call), takes
+    ``delay`` seconds, then raises if the batch holds "boom", else doubles: a failing batch whose
+    halves a worker would run one after the other."""
+
+    def init_model(self, log: str, delay: float = 1.0) -> None:
+        self.log = log
+        self.delay = delay
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        with open(self.log, "a") as out:
+            out.write(json.dumps(batch) + "\n")
+        time.sleep(self.delay)
+        if "boom" in batch:
+            raise ValueError("boom is not a number")
+        return [item * 2 for item in batch]
 
 
 class Recorder(ManagedModel):

@@ -102,11 +102,14 @@ def bind_port(argv: list[str]) -> int:
 
 
 def worker_commands() -> dict[str, list[str]]:
+    worker = container("rstreamer-worker")
     return {
         "compose worker command": service("worker")["command"],
         "compose worker healthcheck": healthcheck_argv(service("worker")["healthcheck"]),
         "k8s worker command": container("rstreamer-worker")["command"] + container("rstreamer-worker").get("args", []),
-        "k8s worker livenessProbe": container("rstreamer-worker")["livenessProbe"]["exec"]["command"],
+        "k8s worker livenessProbe": worker["livenessProbe"]["exec"]["command"],
+        **({"k8s worker readinessProbe": worker["readinessProbe"]["exec"]["command"]} if "readinessProbe" in worker
+           else {}),
     }
 
 
@@ -120,9 +123,31 @@ def test_worker_commands_are_the_console_script_with_real_options(where):
     assert used <= known, f"{where}: options {sorted(used - known)} are not options of rstreamer-worker"
 
 
-def test_health_checks_run_the_worker_check():
-    assert "--check" in healthcheck_argv(service("worker")["healthcheck"])
-    assert "--check" in container("rstreamer-worker")["livenessProbe"]["exec"]["command"]
+def test_worker_liveness_never_asks_redis_and_readiness_does():
+    # A liveness probe that PINGs Redis restarts every worker pod during a Redis outage.
+    for where, argv in (("compose healthcheck", healthcheck_argv(service("worker")["healthcheck"])),
+                        ("k8s livenessProbe", container("rstreamer-worker")["livenessProbe"]["exec"]["command"])):
+        assert {"--check", "--liveness"} <= set(argv), f"{where}: {argv} is not the local liveness check"
+    readiness = container("rstreamer-worker")["readinessProbe"]["exec"]["command"]
+    assert "--check" in readiness and "--liveness" not in readiness, readiness
+
+
+def test_web_liveness_never_asks_redis_and_readiness_does():
+    web = container("rstreamer-web")
+    assert web["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert web["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    check = " ".join(healthcheck_argv(service("web")["healthcheck"]))
+    assert "/healthz" in check and "/readyz" not in check, check
+
+
+def test_the_web_liveness_route_answers_without_redis_and_readiness_does_not():
+    from webapp.app import create_app
+    from webapp.config import WebConfig
+
+    # Nothing listens on port 1: Redis is "down".
+    client = create_app(WebConfig("redis://127.0.0.1:1/0", "default", ClientSettings())).test_client()
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 503
 
 
 def test_the_model_comes_from_the_environment_and_imports():
@@ -155,7 +180,8 @@ def test_web_routes_used_by_probes_exist():
     routes = {rule.rule for rule in app.url_map.iter_rules()}
     probes = container("rstreamer-web")
     assert {probes["readinessProbe"]["httpGet"]["path"], probes["livenessProbe"]["httpGet"]["path"]} <= routes
-    assert "/readyz" in " ".join(healthcheck_argv(service("web")["healthcheck"]))
+    assert re.search(r"127\.0\.0\.1:\d+(/\w+)", " ".join(healthcheck_argv(service("web")["healthcheck"]))).group(1) \
+        in routes
     assert "/readyz" in routes and "/predict" in routes
 
 
@@ -167,7 +193,7 @@ def test_compose_ports_match_gunicorn_bind_and_healthcheck():
     published = [str(mapping).rsplit(":", 1)[1] for mapping in service("web")["ports"]]
     assert published == [str(port)], "the published container port is gunicorn's"
     check = " ".join(healthcheck_argv(service("web")["healthcheck"]))
-    assert re.search(rf"127\.0\.0\.1:{port}/readyz", check), check
+    assert re.search(rf"127\.0\.0\.1:{port}/", check), check
 
 
 def test_k8s_ports_match_gunicorn_bind_probes_and_service():

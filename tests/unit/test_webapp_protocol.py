@@ -13,6 +13,7 @@ from rstreamer.errors import (
     BrokerUnavailable,
     ConfigError,
     EncodeError,
+    InvalidInput,
     Overloaded,
     RemoteError,
     StreamerTimeout,
@@ -53,6 +54,7 @@ def reply(exc):
     (protocol.too_large(10), 413, "PayloadTooLarge"),
     (EncodeError("item 0 is too large"), 400, "EncodeError"),
     (RemoteError("ValueError", "boom"), 500, "ValueError"),
+    (InvalidInput("expected a str, got int", 2), 400, "InvalidInput"),
     (BatchSizeMismatch("BatchSizeMismatch", "3 outputs for 4 inputs"), 500, "BatchSizeMismatch"),
     (StreamerTimeout("1 of 1 items unanswered"), 504, "StreamerTimeout"),
     (Overloaded("queue full"), 503, "Overloaded"),
@@ -68,6 +70,8 @@ def test_errors_map_to_status_type_and_retry_after(exc, status, error_type):
 
 def test_error_messages_carry_the_model_message_but_no_internals():
     assert reply(RemoteError("ValueError", "boom is not a number"))[1]["message"] == "boom is not a number"
+    assert reply(RemoteError("ValueError", "boom is not a number", 3))[1] == {
+        "type": "ValueError", "message": "input 3: boom is not a number", "input": 3}
     assert "10.0.0.5" not in reply(BrokerUnavailable("Redis unreachable at redis://10.0.0.5:6379/0"))[1]["message"]
     assert "secret" not in reply(KeyError("secret"))[1]["message"]
 
@@ -112,7 +116,8 @@ def test_config_from_env(monkeypatch):
 
 @pytest.mark.parametrize("name, value", [
     ("RSTREAMER_MAX_BODY", "lots"), ("RSTREAMER_MAX_BODY", "0"), ("RSTREAMER_TIMEOUT", "-1"),
-    ("RSTREAMER_PREFIX", "a b"),
+    ("RSTREAMER_PREFIX", "a b"), ("RSTREAMER_REDIS_URL", "http://localhost:6379"),
+    ("RSTREAMER_REDIS_URL", "redis://h:99999/0"), ("RSTREAMER_REDIS_URL", "redis://h/0?bogus=1"),
 ])
 def test_bad_config_fails_at_start(monkeypatch, name, value):
     monkeypatch.setenv(name, value)

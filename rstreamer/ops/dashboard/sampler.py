@@ -21,6 +21,7 @@ import redis
 from ...broker.connection import RedisClient
 from ...jobs.sync import JobClient, JobState
 from ...wire.keys import Keys
+from ...wire.published import live_workers
 from .. import status
 from ..deadletters import as_json, read_dead_letters
 
@@ -122,6 +123,8 @@ class Sampler:
             "dead": self._dead_letters(keys),
             "jobs": self._jobs(keys),
         }
+        live = len(live_workers(snapshot.now_ms, snapshot.workers, int(self.dead_after * 1000)))
+        row["state"] = status.prefix_state(live, snapshot.queue_length + snapshot.pending)
         row["history"] = self._remember(snapshot.prefix, snapshot.now_ms, row)
         return row
 

@@ -246,7 +246,7 @@ function prefixSection(p) {
 
 // One clear sentence when no worker serves the prefix: what happens to calls, and what waits.
 function prefixState(p) {
-  if (p.workers.length || p.state === "serving") return ["serving", `${p.workers.length} live worker${p.workers.length > 1 ? "s" : ""}`, ""];
+  if (p.workers.length) return ["serving", `${p.workers.length} live worker${p.workers.length > 1 ? "s" : ""}`, ""];
   const backlog = p.queue_length + p.pending;
   if (!backlog) return ["idle", "idle", ""];
   return ["unserved", "no live worker",
@@ -257,7 +257,10 @@ function prefixState(p) {
 function updatePrefix(section, p, stale) {
   const [state, badge, alert] = prefixState(p);
   for (const name of ["serving", "idle", "unserved"]) toggle(section, name, name === state);
-  setText(section.querySelector('[data-testid="state"]'), badge);
+  const badgeNode = section.querySelector('[data-testid="state"]');
+  setText(badgeNode, badge);
+  setAttr(badgeNode, "title", state === "idle"
+    ? `no live worker and nothing queued: \`rstreamer forget ${p.prefix}\` deletes a prefix nobody uses` : "");
   const alertNode = section.querySelector('[data-testid="prefix-alert"]');
   setText(alertNode, alert);
   alertNode.hidden = !alert || stale;  // with Redis unreachable, the page says that one thing
