@@ -24,7 +24,7 @@ from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import read_workers
 
 from . import jobs, metrics, multiproc, protocol, sse
-from .config import WebConfig
+from .config import WebConfig, cold_start_wait
 from .gate import WorkerGate
 
 T = TypeVar("T", covariant=True)  # only produced: a PerProcess[Redis] is a PerProcess[object]
@@ -111,7 +111,8 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
     def readyz() -> Response:
         try:
             now_ms, workers = read_workers(probe.get(), keys)
-            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix)
+            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix,
+                                              cold_start_wait(config))
         except (redis.RedisError, BrokerUnavailable) as exc:  # a Cluster client fails when created
             status, body = protocol.unready(exc, config.prefix)
         return Response(body, status, mimetype=protocol.JSON)

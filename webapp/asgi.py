@@ -28,7 +28,7 @@ from rstreamer.wire.published import parse_read_workers
 from rstreamer.wire.scripts import scripts
 
 from . import jobs, metrics, multiproc, protocol, sse
-from .config import WebConfig, settings_or_exit
+from .config import WebConfig, cold_start_wait, settings_or_exit
 from .gate import WorkerGate
 
 T = TypeVar("T")
@@ -86,7 +86,8 @@ def create_app(config: WebConfig | None = None) -> Starlette:
     async def readyz(request: Request) -> Response:
         try:
             now_ms, workers = await _read_workers(request.app.state.probe, keys)
-            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix)
+            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix,
+                                              cold_start_wait(config))
         except redis.RedisError as exc:
             status, body = protocol.unready(exc, config.prefix)
         return Response(body, status, media_type=protocol.JSON)

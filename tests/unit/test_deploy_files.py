@@ -1,8 +1,9 @@
 """docker-compose.yml, deploy/k8s/*.yaml, deploy/Dockerfile and deploy/redis.conf agree with the code.
 
 Every command they run is a console script or gunicorn, every option exists in the worker CLI's
-parser, every RSTREAMER_* variable is read by the code, ports line up, and the KEDA scaler
-watches the stream and group that rstreamer.wire.keys names.
+parser, every RSTREAMER_* variable is read by the code, ports line up, every deployment exports its
+metrics where its Prometheus scrapes them, and KEDA scales the workers on the exporter's drain time
+of the configured prefix and wakes them from zero.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import pytest
 import yaml
 
 from rstreamer.settings import ENV_PREFIX, ClientSettings, WorkerSettings
-from rstreamer.wire.keys import GROUP, Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -250,15 +250,12 @@ def test_compose_redis_url_points_at_the_redis_service():
     assert "redis" in compose()["services"]
 
 
-def test_k8s_redis_url_and_keda_address_point_at_the_redis_service():
+def test_k8s_redis_url_points_at_the_redis_service():
     secret = manifest("Secret", "rstreamer-redis")["stringData"]
     url = urlsplit(secret["url"])
     redis_service = manifest("Service", url.hostname)
     assert url.port in [p["port"] for p in redis_service["spec"]["ports"]]
-    trigger = keda_trigger()
-    assert trigger["metadata"]["address"] == f"{url.hostname}:{url.port}"
-    assert trigger["metadata"].get("databaseIndex", "0") == (url.path.strip("/") or "0")
-    for deployment in ("rstreamer-worker", "rstreamer-web"):
+    for deployment in ("rstreamer-worker", "rstreamer-web", "rstreamer-exporter"):
         env = {item["name"]: item for item in container(deployment)["env"]}
         assert env["RSTREAMER_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rstreamer-redis", "key": "url"}
 
@@ -266,7 +263,7 @@ def test_k8s_redis_url_and_keda_address_point_at_the_redis_service():
 # --- KEDA ----------------------------------------------------------------------------------------
 
 
-def keda_trigger(name: str = "wake") -> dict[str, Any]:
+def keda_trigger(name: str) -> dict[str, Any]:
     (trigger,) = [t for t in manifest("ScaledObject", "rstreamer-worker")["spec"]["triggers"] if t.get("name") == name]
     return trigger
 
@@ -277,17 +274,17 @@ def test_keda_wakes_the_worker_deployment_from_zero_on_the_first_waiting_item():
     manifest("Deployment", scaled["spec"]["scaleTargetRef"]["name"])
     assert scaled["spec"]["minReplicaCount"] == 0
     trigger = keda_trigger("wake")
-    assert trigger["type"] == "redis-streams"
-    metadata = trigger["metadata"]
-    assert metadata["stream"] == Keys(configmap_data()["RSTREAMER_PREFIX"]).requests
-    assert metadata["consumerGroup"] == GROUP
-    # Lag mode (lagCount + activationLagCount), not pendingEntriesCount or streamLength: active
-    # from the first item added and not yet delivered.
-    assert int(metadata["lagCount"]) > 0 and metadata["activationLagCount"] == "0"
-    assert not {"pendingEntriesCount", "streamLength"} & set(metadata)
-    auth = manifest("TriggerAuthentication", trigger["authenticationRef"]["name"])
-    for ref in auth["spec"]["secretTargetRef"]:
-        assert ref["key"] in manifest("Secret", ref["name"])["stringData"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    prefix = configmap_data()["RSTREAMER_PREFIX"]
+    # Waiting and pending items of every level: the exporter's gauges, which need no consumer group
+    # (a prefix no worker ever served has none) and still speak when no worker is live.
+    assert trigger["metadata"]["query"] == (f'sum(rstreamer_queue_length{{prefix="{prefix}"}}) + '
+                                            f'sum(rstreamer_queue_pending{{prefix="{prefix}"}})')
+    assert trigger["metadata"]["activationThreshold"] == "0"
+    assert float(trigger["metadata"]["threshold"]) >= 1000, "it wakes the fleet; the drain time sizes it"
+    assert trigger["metadata"]["serverAddress"] == keda_trigger("drain")["metadata"]["serverAddress"]
+    # A call to a fleet at zero must reach a web pod and wait there, enqueued, for the wake.
+    assert float(configmap_data()["RSTREAMER_COLD_START_WAIT"]) > 0
 
 
 def test_keda_sizes_the_fleet_on_the_prefix_drain_time():
