@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import NoReturn
 
 DEFAULT_PORT = 9321
 DRAIN_TARGET_ENV = "RSTREAMER_DRAIN_TARGET"
@@ -24,11 +25,19 @@ DRAIN_TARGET_ENV = "RSTREAMER_DRAIN_TARGET"
 logger = logging.getLogger(__name__)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit 2 with ``message`` on one line."""
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``rstreamer exporter`` argument parser."""
     from ..settings import DEFAULT_REDIS_URL, REDIS_URL_ENV, redis_url_from_env
 
-    p = argparse.ArgumentParser(prog="rstreamer exporter", description="Serve the queue metrics of the prefixes "
+    p = _Parser(prog="rstreamer exporter", description="Serve the queue metrics of the prefixes "
                                 "on one Redis (depth, waits, drain time, live workers) for Prometheus.")
     p.add_argument("--redis", metavar="URL", default=redis_url_from_env(),
                    help=f"Redis URL or host:port (env {REDIS_URL_ENV}, default {DEFAULT_REDIS_URL})")
