@@ -26,6 +26,8 @@ PLACEHOLDERS = {
     "package.module:ModelClass": "the syntax of a reference",
     "module:Class": "the syntax of a reference",
     "mymodels:UperModel": "the misspelt class of an error message shown as an example",
+    "workers.embeding:EmbeddingModel": "the misspelt module of an error message shown as an example",
+    "mymodels:Model": "the reader's own model in an error message shown as an example",
     "mypkg.models:MyModel": "the reader's own model, moved from service-streamer",
 }
 
