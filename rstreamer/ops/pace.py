@@ -6,7 +6,8 @@ Each worker measures (:class:`PaceRecorder`, one of its observers):
   its replies and acks being in Redis; :func:`full_batch_rate`) and the mean ``cost()`` per item,
   over its last :data:`WINDOW` batches. It is what the worker does while it has work, whatever the
   load right now, so a fleet that has been idle still knows how fast it drains a backlog that just
-  arrived;
+  arrived. A generative model's worker counts the sequences started per busy second of all its
+  steps (a step is busy for the sequences it advances whether or not one joins);
 - per item, its **queue wait** (XADD to the batch's start) and its **latency** (XADD to its reply
   being in Redis: what the caller waits, less one network hop), both on the Redis server's clock,
   as cumulative counts over the fixed buckets :data:`BOUNDS_MS`; a reader takes the difference of
@@ -70,6 +71,7 @@ class PaceRecorder(WorkerHooks):
         self._started: float | None = None
         self._added_ms: list[int] = []
         self._cost: float | None = None
+        self._stepped = False  # a generative model's steps: the sequences advanced are not items
 
     def server_time(self, server_ms: int) -> None:
         """Keep the offset of the Redis server's clock from this host's."""
@@ -83,6 +85,7 @@ class PaceRecorder(WorkerHooks):
         """Count the entries' queue waits; the batch's busy time starts now."""
         self._started = self._clock()
         self._batch_size = batch_size
+        self._stepped = running is not None
         self._added_ms = [entry_ms(entry_id) for entry_id, _ in entries]
         self._cost = None
         now_ms = self._server_ms()
@@ -102,7 +105,8 @@ class PaceRecorder(WorkerHooks):
         for added in self._added_ms:
             self._latency[bucket_of(now_ms - added)] += 1
         items = len(self._added_ms)
-        if items:
+        # A generative step with no sequence joining still takes its time from those that did.
+        if items or self._stepped:
             self._batches.append((items, self._cost if self._cost is not None else float(items), busy))
         self._started = None
 
@@ -113,6 +117,8 @@ class PaceRecorder(WorkerHooks):
         if not items:
             return None
         cost = sum(batch[1] for batch in self._batches)
+        if self._stepped:  # sequences started per busy second of every step: no batch to fill
+            return items / sum(batch[2] for batch in self._batches), cost / items
         rate = full_batch_rate([(batch[0], batch[2]) for batch in self._batches], self._batch_size)
         return rate, cost / items
 

@@ -73,6 +73,18 @@ def test_capacity_is_taken_at_full_batches_when_the_recent_ones_were_smaller():
     assert full_batch_rate(noisy, 8) >= 9 / 0.03
 
 
+def test_a_generative_worker_counts_sequences_started_per_busy_second_of_every_step():
+    clock = FakeClock()
+    pace = recorder(clock)
+    now_ms = int(pace._server_ms())
+    for joining in (2, 0, 0, 2):  # four steps of 0.5 s; sequences join at two of them
+        pace.batch_started([entry(now_ms)] * joining, "full", 8, running=4)
+        advance(clock, 0.5)
+        pace.batch_done()
+    items_per_s, _ = pace.capacity()
+    assert items_per_s == pytest.approx(4 / 2.0)
+
+
 def test_waits_and_latencies_are_counted_on_the_server_clock():
     clock = FakeClock()
     pace = recorder(clock)
