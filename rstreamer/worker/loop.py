@@ -135,6 +135,7 @@ class RedisWorker:
         # the dashboard's latencies come from it, with or without a metrics endpoint.
         self._pace = PaceRecorder()
         self._observers = ChainedHooks(self._pace)
+        self._publishing_pace = True
         self.hooks = WorkerHooks()  # metrics (rstreamer.ops.metrics.WorkerMetrics) replace the no-op
         self.slot_info: dict[str, Any] = {}
         """What the supervisor tells about this worker's slot (slot, restarts, crashes, last exit),
@@ -300,6 +301,7 @@ class RedisWorker:
         self._pace.ran_cost(sum(costs))
         self._process_guarded(batch, costs)
         self._observers.batch_done()
+        self._beater.tick()  # the batch's pace, not only its start, reaches the heartbeat
 
     def _process_guarded(self, batch: list[Parsed], costs: list[int]) -> None:
         """:meth:`_process`, where an unexpected error dead-letters the entry that causes it:
@@ -355,7 +357,14 @@ class RedisWorker:
         pace it runs at (see rstreamer.ops.pace)."""
         publish_levels(self._redis, self.keys, self.levels)
         publish_quotas(self._redis, self.keys, self.quotas)
-        publish_pace(self._redis, self.keys, self._pace.remembered())
+        if self._publishing_pace:
+            try:
+                publish_pace(self._redis, self.keys, self._pace.remembered())
+            except redis.exceptions.NoPermissionError as exc:
+                # A worker whose ACL covers only its stream, heartbeats and dead letters: its pace
+                # still travels in its heartbeat; the prefix's memory of it is the others' to keep.
+                self._publishing_pace = False
+                logger.warning("worker %s: may not publish its pace (%s); it leaves it to the others", self.name, exc)
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
