@@ -4,6 +4,7 @@ failure of the old worker against a real redis-server with real worker processes
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import subprocess
@@ -350,3 +351,33 @@ def test_run_forever_takes_the_originals_gpu_id(redis_url, prefix):
         worker.stop()
         thread.join(timeout=20)
     assert not thread.is_alive()
+
+
+# a worker whose ACL does not cover the prefix's pace key keeps serving -----------------------------
+
+
+def test_a_worker_that_may_not_publish_its_pace_keeps_serving(redis_client, redis_url, prefix, tmp_path):
+    keys = Keys(prefix)
+    user, password = f"p{prefix[-10:]}", "pw"
+    tokens = keys.reply("c:0").rsplit(":", 2)[0] + ":*"
+    cancellations = keys.cancelled("c:0").rsplit(":", 2)[0] + ":*"
+    own_keys = [f"~{key}" for key in (keys.requests, keys.workers, keys.dead, tokens, cancellations)]
+    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"], commands=["+@all"],
+                             keys=own_keys, reset_keys=True)
+    factory = WorkerProcesses(redis_url.replace("redis://", f"redis://{user}:{password}@"))
+    log = tmp_path / "worker.log"
+    try:
+        factory.start(prefix, settings=FAST, log_path=log, log_level="INFO")
+        with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+            for n in range(10):  # batches measured, and several reclaim ticks that publish
+                assert streamer.predict([n]) == [2 * n]
+            wait_until(lambda: "may not publish its pace" in log.read_text(), 20, what="the warning")
+            assert [streamer.predict([n]) for n in range(5)] == [[2 * n] for n in range(5)]
+        assert log.read_text().count("may not publish its pace") == 1
+        assert "Redis error" not in log.read_text(), "the refusal never failed a step of the worker"
+        assert redis_client.get(keys.pace) is None
+        wait_until(lambda: [json.loads(raw)["pace"]["ips"] for raw in redis_client.hvals(keys.workers)] != [None],
+                   20, what="its pace, still travelling in its heartbeat")
+    finally:
+        factory.stop_all()
+        redis_client.acl_deluser(user)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 
 def debian_tool(command: str, package: str) -> tuple[str | None, str]:
     """The path of ``command``: ``(path, "")``, or ``(None, why)`` when it is missing; the caller
@@ -12,3 +14,12 @@ def debian_tool(command: str, package: str) -> tuple[str | None, str]:
     if found:
         return found, ""
     return None, f"{command} is missing: `make test-tools` installs it (apt-get install {package})"
+
+
+def require_debian_tool(command: str, package: str) -> str:
+    """:func:`debian_tool`'s path; without it the test skips with the reason (a failure in CI:
+    tests/conftest.py turns every skip there into one)."""
+    path, why = debian_tool(command, package)
+    if path is None:
+        pytest.skip(why)
+    return path

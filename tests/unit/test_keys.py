@@ -33,7 +33,7 @@ def all_keys(keys: Keys) -> list[str]:
             + [keys.requests_at(level) for level in range(1, 16)] + keys.job_keys(job)
             + [keys.reply(t) for t in TOKENS] + [keys.cancelled(t) for t in TOKENS]
             + [keys.stream_control(t) for t in TOKENS]
-            + [keys.quotas, keys.bucket("acme"), keys.bucket("a@b.c")])
+            + [keys.quotas, keys.pace, keys.bucket("acme"), keys.bucket("a@b.c")])
 
 
 def hash_tag(key: str) -> str:
