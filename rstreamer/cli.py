@@ -39,12 +39,15 @@ USAGE = """usage: rstreamer COMMAND [options]    (rstreamer --version: the insta
 
 commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
-  demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP calls, a summary
-  bench    benchmarks (bench cost: cost-aware batching; bench stream: continuous batching and streaming)
+  demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP load, what it batched
+  bench    benchmarks (bench cost: cost-aware batching; bench stream: continuous batching and streaming;
+           bench llm: the same with a real chat model)
   dashboard  live page of queues, workers and dead letters (--help for options)
+  exporter   queue metrics of every prefix (depth, waits, drain time, live workers) for Prometheus
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   jobs     durable jobs: list, show, cancel, purge (--help for options)
   dead     dead letters: list, show, replay, purge (--help for options)
+  forget   delete every key of a prefix nobody serves any more (--help for options)
   worker   the same as rstreamer-worker
 """
 
@@ -58,6 +61,7 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "init_args": [],
     "init_kwargs": {},
     "metrics_port": None,
+    "metrics_host": "127.0.0.1",
     "log_level": "INFO",
     "log_interval": 10.0,
     "max_restarts": 5,
@@ -132,6 +136,13 @@ def _gpus(text: str) -> list[int]:
     return gpus
 
 
+def _host(text: str) -> str:
+    host = text.strip().strip("[]")
+    if not host or any(c.isspace() or c in "/@?#" for c in host):
+        raise argparse.ArgumentTypeError(f"expected an address or host name to bind, e.g. 0.0.0.0, got {text!r}")
+    return host
+
+
 def _log_level(text: str) -> str:
     level = text.strip().upper()
     if not isinstance(logging.getLevelName(level), int):
@@ -142,7 +153,7 @@ def _log_level(text: str) -> str:
 WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "redis": str, "prefix": str, "model": str, "gpus": _gpus,
     "workers_per_gpu": _integer(1), "init_args": _json_of(list), "init_kwargs": _json_of(dict),
-    "metrics_port": _integer(1, 65535), "log_level": _log_level, "log_interval": _seconds,
+    "metrics_port": _integer(1, 65535), "metrics_host": _host, "log_level": _log_level, "log_interval": _seconds,
     "max_restarts": _integer(0), "wait_for_redis": _seconds,
     **{dest: _option(setting_parser(WorkerSettings, dest)) for dest in SETTINGS_OPTIONS},
     "webhook_allow": _option(setting_parser(WebhookSettings, "webhook_allow")),
@@ -224,6 +235,9 @@ def worker_parser() -> argparse.ArgumentParser:
                         help=_help("JSON object of init_model keyword arguments", "init_kwargs"))
     parser.add_argument("--metrics-port", type=p["metrics_port"], metavar="PORT",
                         help=_help("serve Prometheus metrics: worker i on PORT+i", "metrics_port"))
+    parser.add_argument("--metrics-host", type=p["metrics_host"], metavar="ADDRESS",
+                        help=_help("address the metrics listen on; 0.0.0.0: every interface (e.g. in a "
+                                   "container, for a Prometheus elsewhere)", "metrics_host"))
     parser.add_argument("--log-level", type=p["log_level"], help=_help("logging level", "log_level"))
     parser.add_argument("--log-interval", type=p["log_interval"], metavar="SECONDS",
                         help=_help("seconds between info summary lines, 0: none", "log_interval"))
@@ -233,7 +247,12 @@ def worker_parser() -> argparse.ArgumentParser:
                         help=_help("at start, wait this long for Redis to answer before exiting with code 2 "
                                    "(0: exit at once)", "wait_for_redis"))
     parser.add_argument("--check", action="store_true",
-                        help="exit 0 if Redis answers PING and the model class imports, else 1 (health check)")
+                        help="exit 0 if Redis answers PING and the model class imports, else 1 (health check; "
+                             "a readiness probe)")
+    parser.add_argument("--liveness", action="store_true",
+                        help="with --check: exit 0 if a supervisor of the prefix runs on this machine and its loop "
+                             "turns, else 1; asks nothing of Redis (a liveness probe: a Redis outage must not "
+                             "restart the workers)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     return parser
 
@@ -268,6 +287,8 @@ def parse_worker_args(argv: list[str], environ: Mapping[str, str]) -> argparse.N
                      "or --shelf")
     elif not args.prefix:
         parser.error(f"--prefix (or {WORKER_ENV['prefix']}) is required")
+    if args.liveness and not args.check:
+        parser.error("--liveness goes with --check: rstreamer-worker --check --liveness")
     return args
 
 
@@ -289,14 +310,15 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     settings = settings.replace(webhooks=settings.webhooks.replace(webhook_allow=args.webhook_allow))
     if getattr(args, "shelf", None):  # a namespace built by hand may lack the shelf options
         shelf, shelf_settings = _shelf_of(args, settings)
-        return WorkerSpec(f"shelf {shelf.name!r}", url, "", settings=settings, log_level=args.log_level,
-                          metrics_port=args.metrics_port, log_interval=args.log_interval, shelf=shelf,
-                          shelf_settings=shelf_settings)
+        # The shelf's name stands for the prefix where one is named (the supervisor's liveness stamp).
+        return WorkerSpec(f"shelf {shelf.name!r}", url, shelf.name, settings=settings, log_level=args.log_level,
+                          metrics_port=args.metrics_port, log_interval=args.log_interval,
+                          metrics_host=args.metrics_host, shelf=shelf, shelf_settings=shelf_settings)
     prefix = Keys(args.prefix).prefix
     _check_model_module(args.model)
     return WorkerSpec(args.model, url, prefix, args.init_args or None, args.init_kwargs or None, settings,
-                      log_level=args.log_level,
-                      metrics_port=args.metrics_port, log_interval=args.log_interval)
+                      log_level=args.log_level, metrics_port=args.metrics_port,
+                      log_interval=args.log_interval, metrics_host=args.metrics_host)
 
 
 def _shelf_of(args: argparse.Namespace, settings: WorkerSettings) -> tuple[Any, ShelfSettings]:
@@ -362,6 +384,19 @@ def _check_shelf_worker(args: argparse.Namespace, shown: str) -> tuple[bool, str
     return True, f"ok: Redis at {shown} answers PING; shelf {shelf.name!r} lists {len(shelf.models)} models"
 
 
+def check_liveness(args: argparse.Namespace) -> tuple[bool, str]:
+    """The ``--check --liveness`` probe: (alive, one-line message). Local only: no Redis, no model import."""
+    from .wire.keys import Keys
+    from .worker.alive import check_alive
+
+    try:
+        shelf = getattr(args, "shelf", None)
+        prefix = _shelf_of(args, WorkerSettings.from_env())[0].name if shelf else Keys(args.prefix).prefix
+    except ConfigError as exc:
+        return False, str(exc)
+    return check_alive(prefix)
+
+
 def _scrub(message: str, url: str) -> str:
     try:
         password = urllib.parse.urlsplit(url).password
@@ -376,18 +411,17 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parse_worker_args(list(sys.argv[1:] if argv is None else argv), os.environ)
     configure_logging(args.log_level, "supervisor")
     if args.check:
-        healthy, message = check_worker(args)
+        healthy, message = check_liveness(args) if args.liveness else check_worker(args)
         print(f"rstreamer-worker --check: {message}", file=sys.stdout if healthy else sys.stderr)
         return 0 if healthy else 1
     from .worker.placement import per_gpu
-    from .worker.preflight import wait_for_broker
     from .worker.supervisor import Supervisor
 
     try:
         spec = build_worker_spec(args)
         slots = per_gpu(args.gpus, args.workers_per_gpu)
         # What --check finds stops the command here, in one line, before any worker starts.
-        wait_for_broker(spec.redis_url, args.wait_for_redis)
+        _wait_for_redis(spec, args.wait_for_redis)
     except (ConfigError, BrokerUnavailable) as exc:
         print(f"rstreamer-worker: {exc}", file=sys.stderr)
         return 2
@@ -396,6 +430,20 @@ def worker_main(argv: list[str] | None = None) -> int:
             "CUDA_VISIBLE_DEVICES=%s is set; each worker replaces it with its own id from --gpus (%s)",
             os.environ["CUDA_VISIBLE_DEVICES"], ",".join(map(str, args.gpus)))
     return Supervisor(spec, slots, max_restarts=args.max_restarts).run()
+
+
+def _wait_for_redis(spec: Any, wait: float) -> None:
+    """``wait_for_broker``, stamped alive meanwhile: a supervisor that waits for its Redis is alive,
+    and its liveness probe must say so (the supervisor stamps the same file once it runs)."""
+    from .worker.alive import AliveStamp
+    from .worker.preflight import wait_for_broker
+
+    stamp = AliveStamp(spec.prefix)
+    try:
+        wait_for_broker(spec.redis_url, wait, tick=stamp.touch)
+    except BaseException:
+        stamp.remove()
+        raise
 
 
 # rstreamer status ------------------------------------------------------------------------
@@ -447,7 +495,8 @@ def status_main(argv: list[str]) -> int:
             text = shelves.format_shelf_status(report)
         elif args.prefix and not args.all:
             if not status.prefix_known(client, args.prefix):
-                print(f"rstreamer status: {_unknown_prefix(client, args.prefix, url)}", file=sys.stderr)
+                print(f"rstreamer status: {status.unknown_prefix_message(client, args.prefix, redacted(url))}",
+                      file=sys.stderr)
                 return 1
             report = status.prefix_status(client, args.prefix, dead_after, args.interval)
             text = status.format_prefix_status(report)
@@ -467,23 +516,6 @@ def status_main(argv: list[str]) -> int:
         client.close()
     print(json.dumps(report, indent=2) if args.json else text)
     return 0
-
-
-def _unknown_prefix(client: Any, prefix: str, url: str) -> str:
-    """Why ``prefix`` shows nothing, and which prefixes this Redis does have."""
-    import difflib
-
-    from .broker.connection import redacted
-    from .ops.status import list_prefixes
-    from .wire.keys import Keys
-
-    known = list_prefixes(client)
-    # The likeliest meant ones first: a misspelt prefix is the usual cause.
-    close = difflib.get_close_matches(Keys(prefix).prefix, known, n=10, cutoff=0.5)
-    known = close + [name for name in known if name not in close]
-    shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
-    return (f"prefix {Keys(prefix).prefix!r} is unknown at {redacted(url)}: no request stream, worker or dead "
-            f"letter under it ({'known prefixes: ' + shown if known else 'no prefix is known there'})")
 
 
 # rstreamer -------------------------------------------------------------------------------
@@ -527,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, Callable[[list[str]], int]] = {
         "demo": partial(tool_main, "demo"), "status": status_main, "bench": bench_main,
         "chaos": partial(tool_main, "chaos"),
-        "dashboard": _dashboard_main, "jobs": _jobs_main, "dead": _dead_main,
+        "dashboard": _dashboard_main, "exporter": _exporter_main, "jobs": _jobs_main, "dead": _dead_main,
+        "forget": _forget_main,
     }
     if command not in commands:
         print(f"rstreamer: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
@@ -550,6 +583,18 @@ def _dead_main(argv: list[str]) -> int:
     from .ops.admin import dead_main
 
     return dead_main(argv)
+
+
+def _exporter_main(argv: list[str]) -> int:
+    from .ops.exporter import main as exporter_main
+
+    return exporter_main(argv)
+
+
+def _forget_main(argv: list[str]) -> int:
+    from .ops.admin import forget_main
+
+    return forget_main(argv)
 
 
 def _dashboard_main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ class FailureKind(str, Enum):
     TIMEOUT = "timeout"  # the call's deadline passed before the item ran: StreamerTimeout
     MISMATCH = "mismatch"  # the model returned a wrong number of outputs: BatchSizeMismatch
     DEAD = "dead"  # delivered too often, or unreadable: DeadLettered
+    INVALID = "invalid"  # the model refused the input (it raised InvalidInput): InvalidInput
 
     @classmethod
     def from_wire(cls, text: object) -> FailureKind:
@@ -113,13 +114,20 @@ class RemoteError(RStreamerError):
     """The model raised while predicting this item.
 
     ``remote_type`` and ``remote_message`` carry the original exception's type name and
-    message; the traceback stays in the worker's log.
+    message; the traceback stays in the worker's log. ``index``: the failed item's position in
+    the caller's batch (None when unknown), which the message names: the model saw the item in a
+    batch of its own making, so an index in the model's own message means nothing to the caller.
     """
 
-    def __init__(self, remote_type: str, remote_message: str) -> None:
-        super().__init__(f"{remote_type}: {remote_message}")
+    def __init__(self, remote_type: str, remote_message: str, index: int | None = None) -> None:
+        super().__init__(remote_type, remote_message, index)  # all in args: a copy keeps them
         self.remote_type = remote_type
         self.remote_message = remote_message
+        self.index = index
+
+    def __str__(self) -> str:
+        where = f"input {self.index}: " if self.index is not None else ""
+        return f"{where}{self.remote_type}: {self.remote_message}"
 
 
 class BatchSizeMismatch(RemoteError):
@@ -128,6 +136,23 @@ class BatchSizeMismatch(RemoteError):
 
 class DeadLettered(RemoteError):
     """The item was moved to the dead-letter stream (failed too often, or malformed)."""
+
+
+class InvalidInput(RemoteError, ValueError):
+    """An input the model refuses: the wrong type, too long for its window...
+
+    A model raises it from ``predict`` (``raise InvalidInput("expected a str, got int")``) for an
+    input that can never succeed: only that item fails (the batch is split to find it, as for any
+    exception), the worker logs one line instead of a traceback, and the caller gets this error
+    back, naming the input by its index in the caller's batch; the web apps answer 400. The
+    message should describe the input, not number it: the model sees batches of its own.
+    """
+
+    http_status = 400
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__("InvalidInput", message, index)
+        self.args = (message, index)
 
 
 class JobError(RStreamerError):
@@ -158,14 +183,23 @@ class JobCancelled(JobError):
     http_status = 409
 
 
+class PrefixInUse(RStreamerError):
+    """A prefix that live workers serve cannot be forgotten (``rstreamer forget``)."""
+
+    http_status = 409
+
+
 class WorkerStartupError(RStreamerError):
     """A local worker process failed to start or load its model."""
 
 
-def remote_error_from(error_type: str, message: str, kind: str = FailureKind.REMOTE) -> RStreamerError:
-    """Rebuild the error a worker reported for one item."""
+def remote_error_from(error_type: str, message: str, kind: str = FailureKind.REMOTE,
+                      index: int | None = None) -> RStreamerError:
+    """Rebuild the error a worker reported for one item; ``index``: its position in the caller's batch."""
     kind = FailureKind.from_wire(kind)
     if kind is FailureKind.TIMEOUT:
-        return StreamerTimeout(message)
+        return StreamerTimeout(message if index is None else f"input {index}: {message}")
+    if kind is FailureKind.INVALID:
+        return InvalidInput(message, index)
     cls = {FailureKind.MISMATCH: BatchSizeMismatch, FailureKind.DEAD: DeadLettered}.get(kind, RemoteError)
-    return cls(error_type, message)
+    return cls(error_type, message, index)

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstreamer.broker.connection import redacted
+from rstreamer.broker.connection import normalize_broker_url, parse_broker_url, redacted
 from rstreamer.errors import ConfigError
 from rstreamer.settings import DEFAULT_REDIS_URL, ClientSettings, EnvSettings, WorkerSettings
 from rstreamer.wire.keys import validate_prefix
@@ -39,6 +40,12 @@ class WebConfig(EnvSettings):
     prefix_from_default: bool = False
 
     def __post_init__(self) -> None:
+        # Parsed now (no connection): a URL no client can use would fail every request with a 500.
+        try:
+            parse_broker_url(self.redis_url)
+        except ConfigError as exc:
+            raise ConfigError(f"the broker URL (RSTREAMER_REDIS_URL): {exc}") from None
+        object.__setattr__(self, "redis_url", normalize_broker_url(self.redis_url))
         object.__setattr__(self, "prefix_from_default", self.prefix_from_default or not self.prefix)
         object.__setattr__(self, "prefix", validate_prefix(self.prefix))
         if self.max_body < 1:
@@ -65,6 +72,18 @@ class WebConfig(EnvSettings):
                            "with --prefix %s", server, self.prefix, self.prefix)
 
 
+def settings_or_exit(server: str) -> WebConfig:
+    """``WebConfig.from_env()``; an invalid setting (a broker URL that is not Redis's, a bad
+    number...) prints one line on stderr and raises ``SystemExit(2)``, as ``rstreamer-worker``
+    does: a server that could only answer 500 must not start. The gunicorn config's
+    ``on_starting`` hook and the Starlette factory call it."""
+    try:
+        return WebConfig.from_env()
+    except ConfigError as exc:
+        print(f"{server}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def _ensure_log_handler() -> None:
     # Under gunicorn or uvicorn nothing handles this logger's info lines; a server or an app
     # that configured logging itself keeps its own handlers.
@@ -73,3 +92,10 @@ def _ensure_log_handler() -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [web pid %(process)d] %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+
+
+def cold_start_wait(config: WebConfig) -> float:
+    """Seconds a call waits, enqueued, for a worker when none is live: the clients' setting
+    ``cold_start_wait`` (``RSTREAMER_COLD_START_WAIT``, issue 22), 0 where the clients do not have
+    it. ``/readyz`` reports ready without a live worker when it is set."""
+    return float(getattr(config.client, "cold_start_wait", 0.0))

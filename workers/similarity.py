@@ -7,7 +7,8 @@ Each item of a batch is one of two forms:
   sentences (``workers/data/corpus.txt``) closest to the query, best first, scored by cosine;
 - a pair ``{"a": str, "b": str}`` -> ``{"similarity": float}``, the cosine of the two sentences.
 
-Anything else raises TypeError naming the item. All the strings of a batch are embedded in one
+Anything else, and a text longer than ``max_chars`` (see workers/embedding.py), raises
+:class:`~rstreamer.InvalidInput` (HTTP 400). All the strings of a batch are embedded in one
 forward pass.
 """
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.embedding import EmbeddingModel
+from rstreamer.errors import InvalidInput
+from workers.embedding import MAX_CHARS, EmbeddingModel, check_text
 
 #: The corpus searched by default: one sentence per line.
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
@@ -27,24 +29,27 @@ def load_corpus(path: str | Path = CORPUS_PATH) -> list[str]:
     return [line.strip() for line in lines if line.strip()]
 
 
-def _check_item(i: int, item: Any) -> None:
+def _check_item(item: Any, max_chars: int) -> None:
     if isinstance(item, str):
+        check_text(item, max_chars)
         return
     if isinstance(item, dict) and set(item) == {"a", "b"} and all(isinstance(v, str) for v in item.values()):
+        check_text(item["a"], max_chars)
+        check_text(item["b"], max_chars)
         return
-    raise TypeError(f"item {i}: expected a query str or {{'a': str, 'b': str}}, got {type(item).__name__}"
-                    + (f" with keys {sorted(map(str, item))}" if isinstance(item, dict) else ""))
+    raise InvalidInput(f"expected a query str or {{'a': str, 'b': str}}, got {type(item).__name__}"
+                       + (f" with keys {sorted(map(str, item))}" if isinstance(item, dict) else ""))
 
 
 class SimilarityModel(EmbeddingModel):
     """Top-k semantic search over a bundled corpus (str items) and pairwise cosine ({"a", "b"} items)."""
 
-    def init_model(self, device: str | None = None, torch_threads: int | None = None, *, top_k: int = 3,
-                   corpus: str | Path | None = None) -> None:
+    def init_model(self, device: str | None = None, torch_threads: int | None = None,
+                   max_chars: int = MAX_CHARS, *, top_k: int = 3, corpus: str | Path | None = None) -> None:
         """Load the encoder and embed the corpus (``corpus`` file, default the bundled one) once."""
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        super().init_model(device=device, torch_threads=torch_threads)
+        super().init_model(device=device, torch_threads=torch_threads, max_chars=max_chars)
         self.corpus = load_corpus(corpus if corpus is not None else CORPUS_PATH)
         if not self.corpus:
             raise ValueError("the corpus is empty")
@@ -56,8 +61,8 @@ class SimilarityModel(EmbeddingModel):
         import torch
 
         # Validate the whole batch before any model work, so a bad item fails fast and cheaply.
-        for i, item in enumerate(batch):
-            _check_item(i, item)
+        for item in batch:
+            _check_item(item, self.max_chars)
         texts: list[str] = []
         for item in batch:
             texts.extend([item] if isinstance(item, str) else [item["a"], item["b"]])

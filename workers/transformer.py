@@ -5,11 +5,14 @@ process builds the same model. An item is a sequence of token ids; the output is
 of the encoder's last layer (one float32 vector per item). Items of different lengths are
 padded to the longest of their batch and masked, as a real encoder does, so a batch costs
 ``len(batch) * longest``: :class:`PaddedTransformerModel` tells the worker so (``cost``).
+An item that is not a list of token ids, or longer than ``MAX_TOKENS`` (attention costs the
+square of the length), is refused with :class:`~rstreamer.InvalidInput` (HTTP 400).
 """
 from __future__ import annotations
 
 from typing import Any
 
+from rstreamer.errors import InvalidInput
 from rstreamer.model.managed import ManagedModel
 
 D_MODEL = 256
@@ -18,6 +21,19 @@ HEADS = 4
 SEQUENCE = 32
 VOCAB = 1000
 SEED = 0
+#: Longest item accepted, in tokens.
+MAX_TOKENS = 2048
+
+
+def check_item(item: Any) -> list[int]:
+    """``item`` as a list of token ids, or InvalidInput saying why it is not one the model takes."""
+    if not isinstance(item, (list, tuple)) or not item:
+        raise InvalidInput(f"expected a non-empty list of token ids, got {type(item).__name__}")
+    if len(item) > MAX_TOKENS:
+        raise InvalidInput(f"{len(item)} tokens refused: at most {MAX_TOKENS}")
+    if not all(isinstance(token, int) and not isinstance(token, bool) and 0 <= token < VOCAB for token in item):
+        raise InvalidInput(f"token ids must be integers from 0 to {VOCAB - 1}")
+    return list(item)
 
 
 def example_item(n: int = 0) -> list[int]:
@@ -60,6 +76,7 @@ class TransformerModel(ManagedModel):
     def predict(self, batch: list[Any]) -> list[Any]:
         """One float32 numpy vector per item (the mean over its own tokens)."""
         torch = self.torch
+        batch = [check_item(item) for item in batch]
         longest = max(len(item) for item in batch)
         if self.oom_above is not None and len(batch) * longest > self.oom_above:
             raise torch.OutOfMemoryError(
@@ -81,5 +98,5 @@ class PaddedTransformerModel(TransformerModel):
     batches close on ``--max-batch-cost`` and similar lengths batch together."""
 
     def cost(self, item: Any) -> int:
-        """The item's number of tokens."""
-        return max(1, len(item))
+        """The item's number of tokens (1 for an item predict refuses)."""
+        return max(1, len(item)) if isinstance(item, (list, tuple)) and len(item) <= MAX_TOKENS else 1

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..errors import ConfigError, FailureKind
+from ..errors import ConfigError, FailureKind, InvalidInput
 from .costing import CostBudget, CostCap, CostWindow, OomGuard
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,10 @@ class Failure:
 
     @classmethod
     def from_exception(cls, exc: BaseException, kind: FailureKind = FailureKind.REMOTE) -> Failure:
-        """The failure an exception describes: its type name and message."""
+        """The failure an exception describes: its type name and message (an InvalidInput the
+        model raised: its own message, of kind INVALID, which the caller gets back as InvalidInput)."""
+        if isinstance(exc, InvalidInput):
+            return cls("InvalidInput", exc.remote_message, FailureKind.INVALID)
         return cls(type(exc).__name__, str(exc), kind)
 
 
@@ -306,32 +309,77 @@ def predict_isolated(
     an out-of-memory error also lowers the learned cost cap (``costs`` are the inputs' costs),
     and an item that runs out of memory alone fails with a message that says so.
     """
-    if not inputs:
-        return []
-    costs = list(costs) if costs is not None else [1] * len(inputs)
-    failure: Failure | None = None
-    try:
-        # A lazy output (a generator) raises while it is listed: that is the model raising too.
-        output_list = _as_list(predict(inputs))
-    except Exception as exc:
-        failure = _failure_of(exc, costs, oom)
-        if len(inputs) == 1:
-            logger.error("model raised %s on an item", type(exc).__name__, exc_info=True)
-            return [Outcome(False, failure=failure)]
-    if failure is not None:
-        # Split outside the except block so that logged tracebacks are not chained.
-        middle = len(inputs) // 2
-        return (predict_isolated(predict, inputs[:middle], costs[:middle], oom)
-                + predict_isolated(predict, inputs[middle:], costs[middle:], oom))
-    if output_list is None or len(output_list) != len(inputs):
-        got = "a non-sequence" if output_list is None else f"{len(output_list)} outputs"
-        message = f"model returned {got} for a batch of {len(inputs)} inputs"
-        logger.error(message)
-        mismatch = Failure("BatchSizeMismatch", message, FailureKind.MISMATCH)
-        return [Outcome(False, failure=mismatch) for _ in inputs]
-    if oom is not None:
-        oom.on_success(costs)
-    return [Outcome(True, value=output) for output in output_list]
+    run = _Isolated(predict, inputs, list(costs) if costs is not None else [1] * len(inputs), oom)
+    run.run(list(range(len(inputs))))
+    return [run.outcomes[position] for position in range(len(inputs))]
+
+
+Screen = Callable[[list[int]], "dict[int, Outcome[Any]]"]
+"""Given positions about to be run, the outcomes of those that must not run (expired, withdrawn)."""
+
+
+class _Isolated:
+    """One run of :func:`predict_isolated`: the inputs, and the outcome of each position so far.
+
+    ``screen``, when given, is asked before every call of ``predict``, the first and each half's
+    after a failure: what it answers does not run (a split can take seconds per half, and callers
+    time out or leave meanwhile)."""
+
+    def __init__(self, predict: Callable[[list[Any]], Sequence[Any]], inputs: list[Any], costs: list[int],
+                 oom: OomGuard | None, screen: Screen | None = None) -> None:
+        self.predict = predict
+        self.inputs = inputs
+        self.costs = costs
+        self.oom = oom
+        self.screen = screen
+        self.outcomes: dict[int, Outcome[Any]] = {}
+
+    def run(self, positions: list[int]) -> None:
+        """Answer ``positions``: screened, predicted, or split in halves when the model raises."""
+        if self.screen is not None and positions:
+            gone = self.screen(positions)
+            self.outcomes.update(gone)
+            positions = [position for position in positions if position not in gone]
+        if not positions:
+            return
+        costs = [self.costs[position] for position in positions]
+        failure: Failure | None = None
+        try:
+            # A lazy output (a generator) raises while it is listed: that is the model raising too.
+            output_list = _as_list(self.predict([self.inputs[position] for position in positions]))
+        except Exception as exc:
+            failure = _failure_of(exc, costs, self.oom)
+            if len(positions) == 1:
+                _log_item_failure(exc, failure)
+                self.outcomes[positions[0]] = Outcome(False, failure=failure)
+                return
+        if failure is not None:
+            # Split outside the except block so that logged tracebacks are not chained.
+            middle = len(positions) // 2
+            self.run(positions[:middle])
+            self.run(positions[middle:])
+            return
+        self._answer(positions, costs, output_list)
+
+    def _answer(self, positions: list[int], costs: list[int], output_list: list[Any] | None) -> None:
+        if output_list is None or len(output_list) != len(positions):
+            got = "a non-sequence" if output_list is None else f"{len(output_list)} outputs"
+            message = f"model returned {got} for a batch of {len(positions)} inputs"
+            logger.error(message)
+            mismatch = Failure("BatchSizeMismatch", message, FailureKind.MISMATCH)
+            self.outcomes.update({position: Outcome(False, failure=mismatch) for position in positions})
+            return
+        if self.oom is not None:
+            self.oom.on_success(costs)
+        self.outcomes.update({position: Outcome(True, value=output)
+                              for position, output in zip(positions, output_list, strict=True)})
+
+
+def _log_item_failure(exc: Exception, failure: Failure) -> None:
+    if failure.kind is FailureKind.INVALID:  # the caller's mistake, not the model's: no traceback
+        logger.warning("model refused an input: %s", failure.message)
+    else:
+        logger.error("model raised %s on an item", type(exc).__name__, exc_info=True)
 
 
 def _failure_of(exc: Exception, costs: list[int], oom: OomGuard | None) -> Failure:
@@ -359,6 +407,9 @@ ItemT = TypeVar("ItemT", bound=BatchItem)
 
 EXPIRED: Outcome[Any] = Outcome(
     False, failure=Failure("StreamerTimeout", "the call's deadline passed before the item ran", FailureKind.TIMEOUT))
+WITHDRAWN: Outcome[Any] = Outcome(
+    False, failure=Failure("Cancelled", "the caller withdrew the item before it ran", FailureKind.REMOTE))
+"""The outcome of an item whose caller withdrew it: not run, and answered to nobody."""
 
 
 @dataclass
@@ -376,6 +427,9 @@ class BatchStats:
 BatchObserver = Callable[[int, float, int], None]
 """Called after each batch with (items, predict seconds, failed items), e.g. for metrics."""
 
+Withdrawn = Callable[[Sequence[ItemT]], "set[int]"]
+"""Given items about to run, the positions (among them) of those whose callers withdrew them."""
+
 
 def answer_batch(
     predict: Callable[[list[Any]], Sequence[Any]],
@@ -386,31 +440,55 @@ def answer_batch(
     hint: BatchHint | None = None,
     oom: OomGuard | None = None,
     costs: Sequence[int] | None = None,
+    *,
+    clock: Callable[[], float] | None = None,
+    withdrawn: Withdrawn[ItemT] | None = None,
 ) -> list[tuple[ItemT, Outcome[Any]]]:
-    """Run the items whose deadline is still ahead; the others are answered as expired.
+    """Run the items still wanted; the others are answered EXPIRED or WITHDRAWN, never run.
 
-    ``hint``, when given, learns the batch's size and predict time (see collect_batch);
-    ``oom`` recovers from out-of-memory errors (see predict_isolated) with the items' ``costs``.
+    Right before each call of the model (the batch's, and each half's when a failure splits it),
+    an item whose deadline has passed (by ``clock``, epoch seconds; else the fixed ``now``, else
+    the wall clock) is answered EXPIRED, and one whose caller withdrew it (``withdrawn``) is
+    answered WITHDRAWN. ``hint``, when given, learns the batch's size and predict time (see
+    collect_batch); ``oom`` recovers from out-of-memory errors (see predict_isolated) with the
+    items' ``costs``.
     """
-    now = time.time() if now is None else now
-    costs = list(costs) if costs is not None else [1] * len(items)
-    live = [item for item in items if item.deadline > now]
-    live_costs = [cost for item, cost in zip(items, costs, strict=True) if item.deadline > now]
-    expired = [item for item in items if item.deadline <= now]
+    read_clock = clock or ((lambda: now) if now is not None else time.time)
+
+    def screen(positions: list[int]) -> dict[int, Outcome[Any]]:
+        at = read_clock()
+        gone = {position: EXPIRED for position in positions if items[position].deadline <= at}
+        rest = [position for position in positions if position not in gone]
+        if withdrawn is not None and rest:
+            marked = withdrawn([items[position] for position in rest])
+            gone.update({rest[at_rest]: WITHDRAWN for at_rest in marked})
+        return gone
+
+    run = _Isolated(predict, [item.payload for item in items],
+                    list(costs) if costs is not None else [1] * len(items), oom, screen)
     started = time.perf_counter()
-    outcomes = predict_isolated(predict, [item.payload for item in live], live_costs, oom)
-    if live:
-        seconds = time.perf_counter() - started
-        failed = sum(not outcome.ok for outcome in outcomes)
-        stats.batches += 1
-        stats.items += len(live)
-        stats.errors += failed
-        logger.debug("batch of %d in %.1f ms", len(live), seconds * 1000)
-        if observe is not None:
-            observe(len(live), seconds, failed)
-        if hint is not None:
-            hint.update(len(live), seconds)
-        if oom is not None:
-            stats.cost_cap = oom.cap.value
-    stats.expired += len(expired)
-    return list(zip(live, outcomes, strict=True)) + [(item, EXPIRED) for item in expired]
+    run.run(list(range(len(items))))
+    seconds = time.perf_counter() - started
+    outcomes = [run.outcomes[position] for position in range(len(items))]
+    _count(stats, outcomes, seconds, observe, hint, oom)
+    return list(zip(items, outcomes, strict=True))
+
+
+def _count(stats: BatchStats, outcomes: list[Outcome[Any]], seconds: float, observe: BatchObserver | None,
+           hint: BatchHint | None, oom: OomGuard | None) -> None:
+    """Record a batch of these outcomes: the items that ran make the batch; the expired are counted apart."""
+    ran = [outcome for outcome in outcomes if outcome is not EXPIRED and outcome is not WITHDRAWN]
+    stats.expired += sum(outcome is EXPIRED for outcome in outcomes)
+    if not ran:
+        return
+    failed = sum(not outcome.ok for outcome in ran)
+    stats.batches += 1
+    stats.items += len(ran)
+    stats.errors += failed
+    logger.debug("batch of %d in %.1f ms", len(ran), seconds * 1000)
+    if observe is not None:
+        observe(len(ran), seconds, failed)
+    if hint is not None:
+        hint.update(len(ran), seconds)
+    if oom is not None:
+        stats.cost_cap = oom.cap.value

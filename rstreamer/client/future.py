@@ -122,7 +122,7 @@ class BaseFuture:
             outcome = self._outcomes[index]
             if not outcome.ok:
                 failure = outcome.failure or Failure("Error", "unknown failure")
-                raise remote_error_from(failure.type, failure.message, failure.kind)
+                raise remote_error_from(failure.type, failure.message, failure.kind, index)
             values.append(outcome.value)
         return values
 

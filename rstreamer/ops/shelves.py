@@ -22,6 +22,11 @@ def shelves_status(client: RedisClient, dead_after: float) -> list[dict[str, Any
     return [shelf_status(client, name, dead_after) for name in list_shelves(client)]
 
 
+def dashboard_shelves(client: RedisClient, dead_after: float) -> list[dict[str, Any]] | None:
+    """What the dashboard's sampler shows of the shelves (its ``shelf`` hook): None without one."""
+    return shelves_status(client, dead_after) or None
+
+
 def shelf_status(client: RedisClient, name: str, dead_after: float, events: int = 0) -> dict[str, Any]:
     """One shelf: its live workers and its models (see the module); ``events``: the newest events to add."""
     skeys = ShelfKeys(name)

@@ -168,4 +168,18 @@ def configure_from_env() -> None:
                        "worker spans are not exported")
     else:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        logger.info("tracing: worker spans go over OTLP/HTTP to %s as service %r", otlp_traces_endpoint(),
+                    os.environ.get("OTEL_SERVICE_NAME", "rstreamer-worker"))
     trace.set_tracer_provider(provider)
+
+
+def otlp_traces_endpoint() -> str:
+    """Where the OTLP/HTTP exporter sends spans, as it reads the standard variables (for the
+    start-up line; credentials in the URL are hidden)."""
+    from ..broker.connection import redacted
+
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return redacted(traces)
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
+    return redacted(base.rstrip("/") + "/v1/traces")

@@ -16,15 +16,18 @@ from typing import Any
 
 import redis
 
-from ..batching.batcher import Batcher, BatchObserver, Failure, Outcome, answer_batch
+from ..batching.batcher import WITHDRAWN, Batcher, BatchObserver, Failure, Outcome, answer_batch
 from ..batching.costing import OomGuard, oom_error_types, safe_cost
+from ..batching.priority import Levels
+from ..batching.quotas import Quotas
 from ..broker.clock import ServerClock
 from ..broker.connection import RedisClient, create_redis, is_nogroup, normalize_broker_url, redacted
 from ..errors import FailureKind
 from ..jobs.sink import JobSink
 from ..jobs.webhooks import WebhookSender
 from ..model.managed import ModelSpec, Predictor, load_predictor, model_costing
-from ..ops.hooks import WorkerHooks
+from ..ops.hooks import ChainedHooks, WorkerHooks
+from ..ops.pace import PACE_FIELD, PaceRecorder
 from ..settings import WorkerSettings, redis_url_from_env
 from ..wire.groups import ensure_group, ensure_groups
 from ..wire.keys import Keys
@@ -37,7 +40,7 @@ from ..wire.messages import (
     reply_ttl_ms,
     reply_version,
 )
-from ..wire.published import live_workers, publish_levels, publish_quotas, read_workers
+from ..wire.published import live_workers, publish_levels, publish_pace, publish_quotas, read_workers
 from ..wire.scripts import scripts
 from .beater import Beater
 from .generative_lane import GenerativeLane, LaneIO, Pushes, model_of
@@ -165,8 +168,8 @@ class RedisWorker:
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
                                       self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
         self._finish_script = scripts(self._redis).finish
-        # Items of durable jobs (rstreamer.jobs.sync); they ride the least urgent level by default.
-        self._jobs = JobSink(self._redis, self.keys, least_urgent=self.levels.count - 1)
+        # Items of durable jobs (rstreamer.jobs): admitted, recorded and fed (rstreamer.jobs.sink).
+        self._jobs = JobSink(self._redis, self.keys)
         # A thread: never blocks the model. It takes over the deliveries of dead workers as the
         # reclaimers take over their entries.
         self._webhooks = WebhookSender(self.url, self.keys, self.name, self.settings.webhooks,
@@ -187,7 +190,25 @@ class RedisWorker:
         self._hint = self._batcher.hint
         self._clock = self.context.clock  # deadlines are on Redis's clock, never this host's
         self._lane: GenerativeLane | None = None  # set when the model is a GenerativeModel
+        # Always measured and published in the heartbeat (rstreamer.ops.pace): the drain time and
+        # the dashboard's latencies come from it, with or without a metrics endpoint.
+        self._pace = PaceRecorder()
+        self._observers = ChainedHooks(self._pace)
+        self._publishing_pace = True
         self.hooks = WorkerHooks()  # metrics (rstreamer.ops.metrics.WorkerMetrics) replace the no-op
+        self.slot_info: dict[str, Any] = {}
+        """What the supervisor tells about this worker's slot (slot, restarts, crashes, last exit),
+        published in the heartbeat."""
+
+    @property
+    def hooks(self) -> WorkerHooks:
+        """The worker's observers (metrics, tracing); its pace is measured besides them."""
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: WorkerHooks) -> None:
+        self._hooks = hooks
+        self._observers = ChainedHooks(self._pace, hooks)
 
     def info(self) -> dict[str, Any]:
         """What this worker's heartbeat on its prefix says: where it runs, and its counters."""
@@ -195,7 +216,8 @@ class RedisWorker:
 
     def _info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
-                "started": self._started, **asdict(self.stats)}
+                "started": self._started, **asdict(self.stats), **self.slot_info,
+                PACE_FIELD: self._pace.published()}
 
     # lifecycle -----------------------------------------------------------------------
 
@@ -213,7 +235,7 @@ class RedisWorker:
         if gpu_id is not None:
             self.gpu_id = gpu_id
         self._install_signal_handlers()
-        self.load()
+        self.load_model()
         warn_if_gpu_invisible(self.gpu_id)
         if not self._connect():
             self._finish_drain()
@@ -221,8 +243,8 @@ class RedisWorker:
         self._beater.start()
         self._beater.wait_started(self._heartbeat.beat_logged, self.settings.dead_after * 10)
         self._webhooks.start()
-        logger.info("worker %s: serving prefix %r on %s, batch %d, max latency %.3fs",
-                    self.name, self.keys.prefix, redacted(self.url), self.policy.batch_size, self.policy.max_latency)
+        logger.info("worker %s: serving prefix %r on %s: %s", self.name, self.keys.prefix, redacted(self.url),
+                    serving_summary(self.settings, self.levels, self.quotas, generative=self._lane is not None))
         try:
             while not self._stopping.is_set():
                 self._beater.tick()
@@ -230,8 +252,11 @@ class RedisWorker:
         finally:
             self._shutdown()
 
-    def load(self) -> None:
-        """Build the model (its ``init_model`` runs here) unless it is loaded already."""
+    def load_model(self) -> None:
+        """Build the model and run its ``init_model`` (once; :meth:`run_forever` calls it too).
+
+        Raises whatever ``init_model`` raises, and ConfigError for a model that does not import.
+        """
         if self._predict is _not_loaded:
             self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
 
@@ -279,7 +304,7 @@ class RedisWorker:
             # A generative model is stepped by the lane (continuous batching), batch_size
             # sequences at most: see rstreamer.worker.generative_lane.
             io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._poisoned, self._jobs.admit,
-                        self._clock.now, hooks=lambda: self.hooks, observe=lambda: self.observe)
+                        self._clock.now, hooks=lambda: self._observers, observe=lambda: self.observe)
             self._lane = GenerativeLane(generative, self._redis, self.keys, io, self.stats, self.policy.batch_size,
                                         self.settings.max_batch_cost or None, self.settings.reply_ttl)
         cost, oom_errors = model_costing(predict)
@@ -332,6 +357,8 @@ class RedisWorker:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
+                # Jobs whose feed their quota or their level's bound held back (one ZRANGEBYSCORE).
+                self._jobs.pump(int(self._clock.now() * 1000))
             if self._lane is not None:
                 self._lane.step(wait)
                 return not self._lane.scheduler.idle
@@ -352,10 +379,12 @@ class RedisWorker:
         return False
 
     def _run(self, batch: list[Parsed], costs: list[int]) -> None:
-        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
-                                 [parsed.level for parsed in batch])
+        self._observers.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
+                                      [parsed.level for parsed in batch])
+        self._pace.ran_cost(sum(costs))
         self._process_guarded(batch, costs)
-        self.hooks.batch_done()
+        self._observers.batch_done()
+        self._beater.tick()  # the batch's pace, not only its start, reaches the heartbeat
 
     def _process_guarded(self, batch: list[Parsed], costs: list[int]) -> None:
         """:meth:`_process`, where an unexpected error dead-letters the entry that causes it:
@@ -403,13 +432,22 @@ class RedisWorker:
         now_ms, workers = read_workers(self._redis, self.keys)
         self._clock.observe(now_ms, sent, time.monotonic())
         self._publish()  # refreshes their TTL
-        self.hooks.server_time(now_ms)
+        self._observers.server_time(now_ms)
         self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
 
     def _publish(self) -> None:
-        """Tell clients the priority levels and tenant quotas this worker serves."""
+        """Tell clients the priority levels and tenant quotas this worker serves, and readers the
+        pace it runs at (see rstreamer.ops.pace)."""
         publish_levels(self._redis, self.keys, self.levels)
         publish_quotas(self._redis, self.keys, self.quotas)
+        if self._publishing_pace:
+            try:
+                publish_pace(self._redis, self.keys, self._pace.remembered())
+            except redis.exceptions.NoPermissionError as exc:
+                # A worker whose ACL covers only its stream, heartbeats and dead letters: its pace
+                # still travels in its heartbeat; the prefix's memory of it is the others' to keep.
+                self._publishing_pace = False
+                logger.warning("worker %s: may not publish its pace (%s); it leaves it to the others", self.name, exc)
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)
@@ -439,24 +477,31 @@ class RedisWorker:
         request_costs: list[int] = []
         answers: list[Answer] = []
         dead: list[DeadLetter] = []
-        withdrawn = cancelled_items(self._redis, self.keys,
-                                    [(p.request.token, p.request.index) for p in batch if p.request is not None])
         for parsed, cost in zip(batch, costs or [1] * len(batch), strict=True):
-            if parsed.request is not None and (parsed.request.token, parsed.request.index) not in withdrawn:
+            if parsed.request is not None:
                 requests.append(parsed.request)
                 request_costs.append(cost)
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
-        self.stats.cancelled += len(withdrawn)
         requests, request_costs = self._jobs.admit(requests, request_costs)
         if self._refusal is not None:
             ran = [(request, Outcome[Any](False, failure=self._refusal)) for request in requests]
         else:
-            ran = answer_batch(self._predict, requests, self.stats, now=self._clock.now(), observe=self.observe,
-                               hint=self._hint, oom=self._batcher.oom, costs=request_costs)
+            # Deadlines and withdrawals are checked right before every call of the model (each half
+            # of a batch that a failure splits included): nothing runs for a caller that is gone.
+            ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint,
+                               oom=self._batcher.oom, costs=request_costs, clock=self._clock.now,
+                               withdrawn=self._withdrawn)
         self._beater.tick()
-        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran]
+        answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran
+                    if outcome is not WITHDRAWN]
+        self.stats.cancelled += sum(outcome is WITHDRAWN for _, outcome in ran)
         self._finish(answers, dead, [parsed.ref for parsed in batch])
+
+    def _withdrawn(self, requests: Sequence[Request]) -> set[int]:
+        """The positions of the requests whose callers withdrew them (rstreamer.cancel)."""
+        marked = cancelled_items(self._redis, self.keys, [(r.token, r.index) for r in requests])
+        return {position for position, r in enumerate(requests) if (r.token, r.index) in marked} if marked else set()
 
     def _malformed(self, parsed: Parsed, dead: list[DeadLetter]) -> list[Answer]:
         """Dead-letter a malformed entry; the answer to its caller when it named one."""
@@ -585,6 +630,37 @@ class RedisWorker:
                 answers.append(Answer(*address, _dead("DeadLettered", reason), reply_version(fields)))
         self._finish(answers, dead, [(level, entry_id) for entry_id, _ in claimed])
         logger.warning("worker %s: dead-lettered %d entries", self.name, len(claimed))
+
+
+def serving_summary(settings: WorkerSettings, levels: Levels, quotas: Quotas, generative: bool = False) -> str:
+    """What a worker runs, for its start-up line: batching (max latency only where it applies: a
+    generative lane never waits for a batch to fill), cost budget, priority levels, tenant sharing
+    and quotas."""
+    if generative:
+        parts = [f"generative, up to {settings.batch_size} sequences at once"]
+    else:
+        parts = [f"batch {settings.batch_size}, max latency {settings.max_latency:.3f}s"]
+    if settings.max_batch_cost:
+        parts.append(f"max batch cost {settings.max_batch_cost} ({settings.cost_model})")
+    if levels.count == 1:
+        parts.append("one priority level")
+    else:
+        parts.append(f"{levels.count} priority levels, weights {','.join(map(str, levels.weights))}")
+        if any(levels.max_queue):
+            parts.append(f"level queue bounds {','.join(map(str, levels.max_queue))}")
+    parts.append("tenants share fairly" if levels.fair else "tenants in arrival order (fifo)")
+    parts.append(_quota_summary(quotas))
+    return ", ".join(parts)
+
+
+def _quota_summary(quotas: Quotas) -> str:
+    if not quotas.enabled:
+        return "no tenant quotas"
+    default = quotas.default
+    text = (f"tenant quota {default.rate:g} items/s, burst {default.burst}" if default.rate
+            else "no quota for other tenants")
+    own = "; ".join(f"{name} {quota.rate:g}/s burst {quota.burst}" for name, quota in sorted(quotas.tenants.items()))
+    return f"{text}{'; ' + own if own else ''}"
 
 
 def warn_if_gpu_invisible(gpu_id: int | None) -> None:

@@ -161,7 +161,7 @@ class Loading:
     def run(self) -> None:
         """Build the model (the thread's target)."""
         try:
-            self.endpoint.load()
+            self.endpoint.load_model()
         except Exception as exc:  # noqa: BLE001 - any init_model failure fails this model, never the worker
             self.error = exc
         finally:
@@ -216,6 +216,8 @@ class ShelfWorker:
         self.stats: dict[str, WorkerStats] = {}  # per model, for the life of the process
         self.loading: str | None = None
         self._load: Loading | None = None
+        self.slot_info: dict[str, Any] = {}
+        """What the supervisor tells about this worker's slot, published in its heartbeats."""
         self.loads = self.evictions = 0
         self._fleet = _Fleet()
         self._next_tick = 0.0
@@ -231,7 +233,7 @@ class ShelfWorker:
         """What this worker's heartbeat on its shelf says."""
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id, "started": self._started,
                 "slots": self.settings.slots, "policy": self.settings.shelf_policy, "digest": self.shelf.digest,
-                "loads": self.loads, "evictions": self.evictions}
+                "loads": self.loads, "evictions": self.evictions, **self.slot_info}
 
     def _beats(self) -> dict[str, dict[str, Any]]:
         """The workers hashes this worker beats in: its shelf's, and each held (or refused) model's."""
@@ -453,6 +455,7 @@ class ShelfWorker:
         endpoint = RedisWorker(spec.model, settings.batch_size, settings.max_latency, self.url, name, spec.init_args,
                                spec.init_kwargs, gpu_id=self.gpu_id, settings=settings, context=self.context,
                                stats=stats)
+        endpoint.slot_info = self.slot_info
         hooks, observe = self.hooks.model_hooks(name, stats)
         traced = self.tracer(name) if self.tracer is not None else None
         endpoint.hooks = ChainedHooks(hooks, traced) if traced is not None else hooks

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import ipaddress
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -12,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from ..ops.logs import configure_logging
 from ..settings import ShelfSettings, WorkerSettings
 from ..shelf.spec import Shelf
 from ..wire.keys import Keys
+from .alive import AliveStamp
 from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, process_context, round_robin
 
 SignalHandler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
@@ -34,7 +37,8 @@ logger = logging.getLogger(__name__)
 # Exit codes of a worker that stopped because it was told to (SIGTERM before or after its
 # handler was installed), as opposed to one that failed its drain or crashed.
 _DRAINED = (0, -signal.SIGTERM, -signal.SIGINT)
-# Exit code of a worker whose model does not import (EX_CONFIG): restarting cannot help.
+# Exit code of a worker whose model does not import, or whose init_model failed before that
+# slot ever loaded it (EX_CONFIG): restarting cannot help.
 EXIT_BAD_MODEL = 78
 
 
@@ -44,7 +48,8 @@ class WorkerSpec:
 
     The batch size and latency are ``settings.batch_size`` and ``settings.max_latency`` (one
     source for them, as for every worker setting). ``metrics_port``: the worker of slot ``i``
-    serves Prometheus metrics on ``metrics_port + i`` (None: no metrics). ``log_interval``:
+    serves Prometheus metrics on ``metrics_host:metrics_port + i`` (None: no metrics; the host
+    is loopback by default, 0.0.0.0 exposes them, e.g. in a container). ``log_interval``:
     seconds between two info summary lines (0: none). ``shelf``: serve the models of a shelf
     instead of ``model`` on ``prefix`` (each worker holds ``shelf_settings.slots`` of them at once;
     see rstreamer.worker.shelf).
@@ -60,12 +65,22 @@ class WorkerSpec:
     log_level: str = "INFO"
     metrics_port: int | None = None
     log_interval: float = 10.0
+    metrics_host: str = "127.0.0.1"
     shelf: Shelf | None = None
     shelf_settings: ShelfSettings | None = None
 
 
-def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None:
-    """Entry point of one worker process: pin the GPU, then import and serve the model."""
+def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded: Any = None,
+                        slot_info: dict[str, Any] | None = None) -> None:
+    """Entry point of one worker process: pin the GPU, then import, load and serve the model.
+
+    ``loaded`` (a multiprocessing Event of the slot, None: no supervisor) is set once the model
+    has loaded. While it was never set, a failing ``init_model`` is a configuration error: one
+    line, exit EXIT_BAD_MODEL, and the supervisor stops. Once the slot has loaded the model, a
+    failure is a crash like any other, and the supervisor restarts the worker. ``slot_info``: what
+    the supervisor tells of the slot (restarts, last exit), published in the worker's heartbeat
+    for ``rstreamer dashboard``.
+    """
     # The supervisor already set CUDA_VISIBLE_DEVICES in our environment (child_environment);
     # pinning again covers the fork start method. The model is an import string, imported by
     # run_forever(), so nothing of it is loaded before this line.
@@ -77,7 +92,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     from .loop import RedisWorker
 
     if spec.shelf is not None:
-        _serve_shelf(spec, spec.shelf, gpu_id, slot)
+        _serve_shelf(spec, spec.shelf, gpu_id, slot, loaded, slot_info)
         return
     try:
         resolve_model(spec.model)  # imported once here; the worker's load finds it in sys.modules
@@ -93,14 +108,43 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int) -> None
     )
     if metrics is not None:
         metrics.track(worker.stats, worker.name, gpu_id)
+    worker.slot_info = dict(slot_info or {"slot": slot})
     worker.hooks = ChainedHooks(*(h for h in (metrics, worker_tracer(worker.keys.prefix)) if h is not None))
+    _load(worker, spec, slot, loaded)
     if spec.log_interval > 0:
         StatsSummary(worker.name, worker.stats, spec.log_interval).start()
     threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
     worker.run_forever()
 
 
-def _serve_shelf(spec: WorkerSpec, shelf: Shelf, gpu_id: int | None, slot: int) -> None:
+def _load(worker: Any, spec: WorkerSpec, slot: int, loaded: Any) -> None:
+    """Load the model; when this slot never loaded it, a failure ends the process in one line."""
+    first = loaded is not None and not loaded.is_set()
+    try:
+        worker.load_model()
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: nothing to drain yet
+        sys.exit(0)
+    except Exception as exc:  # whatever init_model raises: the model never ran, so it is its setup
+        if not first:
+            raise  # loaded before: a failure now is a crash (with its traceback), and restarted
+        logger.error("worker slot %d: model %s did not load: %s: %s%s; not restarting (a model that never "
+                     "loaded is a configuration error)", slot, spec.model, type(exc).__name__, exc, _where(exc))
+        sys.exit(EXIT_BAD_MODEL)
+    if loaded is not None:
+        loaded.set()
+
+
+def _where(exc: BaseException) -> str:
+    """" (at file:line in function)" of the innermost frame of ``exc``'s traceback ("" without one)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (at {frame.filename}:{frame.lineno} in {frame.name})"
+
+
+def _serve_shelf(spec: WorkerSpec, shelf: Shelf, gpu_id: int | None, slot: int, loaded: Any,
+                 slot_info: dict[str, Any] | None) -> None:
     """Entry point of one shelf worker process (the models are imported when they are loaded)."""
     from ..ops.tracing import worker_tracer
     from .shelf import ShelfWorker
@@ -108,8 +152,11 @@ def _serve_shelf(spec: WorkerSpec, shelf: Shelf, gpu_id: int | None, slot: int) 
     metrics = _shelf_metrics(spec, shelf, slot, gpu_id)
     worker = ShelfWorker(shelf, spec.redis_url, settings=spec.shelf_settings, worker_settings=spec.settings,
                          gpu_id=gpu_id, hooks=metrics, tracer=worker_tracer)
+    worker.slot_info = dict(slot_info or {"slot": slot})
     if metrics is not None:
         metrics.worker = worker.name
+    if loaded is not None:
+        loaded.set()  # nothing to load at start: a model that fails to load later fails alone
     threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
     worker.run_forever()
 
@@ -119,15 +166,7 @@ def _shelf_metrics(spec: WorkerSpec, shelf: Shelf, slot: int, gpu_id: int | None
         return None
     from ..ops.metrics import ShelfMetrics
 
-    metrics = ShelfMetrics(shelf.name, gpu=gpu_id)
-    port = spec.metrics_port + slot
-    try:
-        metrics.serve(port)
-    except OSError as exc:
-        logger.error("cannot serve metrics on port %d (%s); running without a metrics endpoint", port, exc)
-    else:
-        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
-    return metrics
+    return _serve_metrics(ShelfMetrics(shelf.name, gpu=gpu_id), spec, slot)
 
 
 def _stop_when_orphaned(worker: Any, parent: int, interval: float = 1.0) -> None:
@@ -144,16 +183,42 @@ def _worker_metrics(spec: WorkerSpec, slot: int) -> Any:
         return None
     from ..ops.metrics import WorkerMetrics
 
-    metrics = WorkerMetrics(Keys(spec.prefix).prefix)
+    return _serve_metrics(WorkerMetrics(Keys(spec.prefix).prefix), spec, slot)
+
+
+def _serve_metrics(metrics: Any, spec: WorkerSpec, slot: int) -> Any:
+    """Serve ``metrics`` (a WorkerMetrics or ShelfMetrics) on the slot's port; a port taken is logged."""
+    assert spec.metrics_port is not None
     port = spec.metrics_port + slot
     try:
-        metrics.serve(port)
+        metrics.serve(port, spec.metrics_host)
     except OSError as exc:
         # Serving requests matters more than exposing metrics: keep going, loudly.
-        logger.error("cannot serve metrics on port %d (%s); running without a metrics endpoint", port, exc)
+        logger.error("cannot serve metrics on %s port %d (%s); running without a metrics endpoint",
+                     spec.metrics_host, port, exc)
     else:
-        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
+        shown = f"[{spec.metrics_host}]" if ":" in spec.metrics_host else spec.metrics_host
+        scope = (" (this machine only: --metrics-host 0.0.0.0 lets a Prometheus elsewhere scrape it)"
+                 if _loopback(spec.metrics_host) else "")
+        logger.info("metrics on http://%s:%d/metrics%s", shown, port, scope)
     return metrics
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def exit_description(code: int) -> str:
+    """How a process ended, in words: ``exit code 1``, ``killed by SIGKILL``."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 class StatsSummary:
@@ -197,7 +262,8 @@ class CrashLoop(RuntimeError):
 
 
 class BadModel(RuntimeError):
-    """A worker process could not import its model: every restart would fail the same way."""
+    """A worker process could not import or load its model before it ever served: every restart
+    would fail the same way."""
 
 
 class Supervisor:
@@ -206,7 +272,9 @@ class Supervisor:
     A process that exits while the supervisor is running is replaced after a backoff that
     doubles per crash of its slot within ``restart_window`` seconds (``restart_backoff``,
     then twice that, ... at most 30 s); more than ``max_restarts`` crashes of one slot within
-    the window is a crash loop: every worker is stopped and :meth:`run` returns 1.
+    the window is a crash loop: every worker is stopped and :meth:`run` returns 1. A worker
+    whose model does not import, or whose ``init_model`` fails before its slot ever loaded the
+    model, is a configuration error: every worker is stopped and :meth:`run` returns 2 at once.
     """
 
     def __init__(
@@ -231,12 +299,18 @@ class Supervisor:
         self.restart_backoff = restart_backoff
         self._context = process_context(mp_start_method)
         self._processes: dict[int, Any] = {}
+        # Set by a slot's worker once its model loaded: from then on, a failing load is a crash.
+        self._loaded = [self._context.Event() for _ in self.slots]
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
+        # Since this supervisor started, per slot: replacements, and how the last process ended.
+        self._restarts = [0] * len(self.slots)
+        self._last_exit: dict[int, tuple[str, float]] = {}
         self._restart_at: dict[int, float] = {}
         self._stopping = threading.Event()
         self._forced = threading.Event()
         self._wake_reader: socket.socket | None = None
         self._wake_writer: socket.socket | None = None
+        self._alive: AliveStamp | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -256,15 +330,20 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until stopped (0 once every worker drained, 1 if one had to be killed), a crash
-        loop (1), or 2 at once when a slot names a GPU beyond those that torch (if installed) sees."""
+        loop (1), or 2 at once when a slot names a GPU beyond those that torch (if installed) sees,
+        or a model that does not import or never loaded (see :class:`Supervisor`)."""
         # stop() writes a byte here so that the watch loop wakes at once; safe in a signal handler.
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
         previous = self._install_signal_handlers()
+        # What `rstreamer-worker --check --liveness` reads: this loop turns (see rstreamer.alive).
+        self._alive = AliveStamp(Keys(self.spec.prefix).prefix)
+        self._alive.touch()
         try:
             return self._supervise()
         finally:
+            self._alive.remove()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             reader, writer = self._wake_reader, self._wake_writer
@@ -343,7 +422,8 @@ class Supervisor:
     def _start(self, slot: int) -> None:
         gpu = self.slots[slot]
         process = self._context.Process(
-            target=worker_process_main, args=(self.spec, gpu, slot), name=f"rstreamer-worker-{slot}",
+            target=worker_process_main, args=(self.spec, gpu, slot, self._loaded[slot], self.slot_info(slot)),
+            name=f"rstreamer-worker-{slot}",
         )
         with child_environment(gpu):
             process.start()
@@ -351,7 +431,17 @@ class Supervisor:
         logger.info("started worker slot %d (%s) as pid %s",
                     slot, "cpu" if gpu is None else f"gpu {gpu}", process.pid)
 
+    def slot_info(self, slot: int) -> dict[str, Any]:
+        """What the worker of ``slot`` publishes about its slot: its number, the supervisor
+        (pid), how many times the slot's worker was replaced, and how the last one ended."""
+        info: dict[str, Any] = {"slot": slot, "supervisor": os.getpid(), "restarts": self._restarts[slot]}
+        if slot in self._last_exit:
+            info["last_exit"], info["last_exit_at"] = self._last_exit[slot]
+        return info
+
     def _watch_once(self) -> None:
+        if self._alive is not None:
+            self._alive.touch()
         waitables: list[Any] = [self._wake_reader]
         waitables += [p.sentinel for p in self._processes.values() if p.exitcode is None]
         multiprocessing.connection.wait(waitables, timeout=self._next_timeout())
@@ -361,8 +451,10 @@ class Supervisor:
         now = time.monotonic()
         for slot, process in list(self._processes.items()):
             if process.exitcode == EXIT_BAD_MODEL:
-                raise BadModel(f"worker slot {slot} cannot import model {self.spec.model!r}")
+                raise BadModel(f"worker slot {slot} cannot import or load model {self.spec.model!r}")
             if process.exitcode is not None and slot not in self._restart_at:
+                self._restarts[slot] += 1
+                self._last_exit[slot] = (exit_description(process.exitcode), time.time())
                 self._restart_at[slot] = now + self._backoff(slot, process, now)
         for slot, when in list(self._restart_at.items()):
             if now >= when:

@@ -1,6 +1,7 @@
 """`rstreamer-worker` end to end: real supervisor processes, real worker children, real Redis."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
-from rstreamer import RedisStreamer
+from rstreamer import RedisStreamer, RemoteError
 from rstreamer.broker.embedded import free_port
 from rstreamer.ops.status import take_snapshots, worker_rows
 from rstreamer.wire.keys import Keys
@@ -188,12 +190,16 @@ def test_sigterm_drains_the_batch_in_flight_and_exits_0(fleet, redis_url, prefix
     assert "exited with code 0" in supervised.log()
 
 
-def test_crash_loop_is_reported_and_exits_1(fleet, prefix):
-    supervised = fleet.start(prefix, "--max-restarts", "1", model="support.models:BrokenInit")
+def test_crash_loop_is_reported_and_exits_1(fleet, prefix, tmp_path):
+    # The model loads once, its worker dies, and every restart then fails in init_model: a slot
+    # that loaded once is restarted (not a configuration error) until the crash loop stops it.
+    kwargs = json.dumps({"marker": str(tmp_path / "loaded-once")})
+    supervised = fleet.start(prefix, "--max-restarts", "1", "--init-kwargs", kwargs, model="support.models:LoadsOnce")
     assert supervised.wait(timeout=45) == 1
     log = supervised.log()
     assert "crash loop: worker slot 0 died 2 times" in log, log
-    assert "weights not found" in log  # the child's own error is in the log too
+    assert "restarting in" in log and "weights not found" in log  # the child's own error is in the log too
+    assert "Traceback" in log and "not restarting" not in log
 
 
 def test_config_error_exits_2_without_starting_workers(redis_url, prefix):
@@ -225,7 +231,7 @@ def test_metrics_endpoint_serves_the_counters(fleet, redis_url, prefix):
     with RedisStreamer(redis_url, prefix) as streamer:
         for n in range(5):
             assert streamer.predict([n, n]) == [2 * n, 2 * n]
-        with pytest.raises(Exception, match="boom"):
+        with pytest.raises(RemoteError, match="boom"):
             streamer.predict(["boom"])
 
     def scrape() -> str:
@@ -239,11 +245,51 @@ def test_metrics_endpoint_serves_the_counters(fleet, redis_url, prefix):
         return text if f"rstreamer_worker_items_total{label} 11.0" in text else None
 
     text = wait_until(scraped_after_the_calls, what="the items counter")
-    assert f"rstreamer_worker_errors_total{label} 1.0" in text
-    assert f"rstreamer_worker_batch_size_count{label}" in text
-    assert f"rstreamer_worker_predict_seconds_count{label}" in text
-    for counter in ("reclaimed", "dead_lettered", "batches"):
-        assert f"rstreamer_worker_{counter}_total{label}" in text
+    values = {sample.name: sample.value for family in text_string_to_metric_families(text)
+              for sample in family.samples if sample.labels.get("prefix") == Keys(prefix).prefix}
+    assert values["rstreamer_worker_errors_total"] == 1
+    # six calls one after the other: at least six batches, each observed once
+    assert values["rstreamer_worker_batches_total"] >= 6
+    assert values["rstreamer_worker_batch_size_count"] >= 6 and values["rstreamer_worker_predict_seconds_count"] >= 6
+    assert values["rstreamer_worker_reclaimed_total"] == values["rstreamer_worker_dead_lettered_total"] == 0
+
+
+def listening_address(port: int) -> str | None:
+    """The local address a TCP socket listens on ``port`` with (from /proc/net/tcp), e.g. 127.0.0.1."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            return ".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    return None
+
+
+def test_the_start_up_lines_say_what_a_worker_runs_and_metrics_listen_on_loopback(fleet, prefix):
+    port, collector = free_port(), free_port()
+    supervised = fleet.start(
+        prefix, "--priorities", "4,1", "--level-max-queue", "100,1000", "--tenant-sharing", "fair",
+        "--tenant-rate", "5", "--tenant-quotas", "acme=100:200", "--batch-size", "8", "--max-latency", "0.05",
+        "--metrics-port", str(port), wait_for=1,
+        env={"RSTREAMER_TRACING": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector}"})
+    log = wait_until(lambda: "serving prefix" in supervised.log() and supervised.log(), what="the serving line")
+    assert (f"serving prefix '{prefix}' on redis://127.0.0.1" in log and "batch 8, max latency 0.050s, 2 priority "
+            "levels, weights 4,1, level queue bounds 100,1000, tenants share fairly, tenant quota 5 items/s, burst 5; "
+            "acme 100/s burst 200" in log), log
+    assert f"tracing: worker spans go over OTLP/HTTP to http://127.0.0.1:{collector}/v1/traces" in log, log
+    assert f"metrics on http://127.0.0.1:{port}/metrics (this machine only: --metrics-host 0.0.0.0" in log, log
+    assert listening_address(port) == "127.0.0.1"
+
+
+def test_a_generative_worker_says_so_without_a_max_latency_and_metrics_bind_where_told(fleet, prefix):
+    port = free_port()
+    supervised = fleet.start(prefix, "--batch-size", "4", "--metrics-port", str(port), "--metrics-host", "0.0.0.0",
+                             model="support.models:Ticker", wait_for=1)
+    log = wait_until(lambda: "serving prefix" in supervised.log() and supervised.log(), what="the serving line")
+    serving = next(line for line in log.splitlines() if "serving prefix" in line)
+    assert "generative, up to 4 sequences at once, one priority level, tenants in arrival order (fifo), no tenant " \
+           "quotas" in serving and "latency" not in serving, serving
+    assert f"metrics on http://0.0.0.0:{port}/metrics" in log and "this machine only" not in log, log
+    assert listening_address(port) == "0.0.0.0"
 
 
 def test_workers_of_a_sigkilled_supervisor_drain_and_exit(fleet, redis_url, prefix):

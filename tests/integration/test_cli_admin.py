@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from rstreamer import DeadLettered, JobState, RedisStreamer
+from rstreamer import DeadLettered, JobState, RedisStreamer, WorkerSettings
 from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import live_workers, read_workers
 from support import procs
 from support.polling import wait_until
 
@@ -100,3 +101,86 @@ def test_dead_list_show_replay_purge(redis_client, redis_url, prefix, workers, t
     purged = as_json(cli("dead", "purge", "--all", "--json", url=redis_url, prefix=prefix))
     assert purged == {"purged": 1} and redis_client.xlen(keys.dead) == 0
     assert cli("dead", "list", url=redis_url, prefix=prefix).stdout.strip() == "no dead letters"
+
+
+def bare_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``rstreamer ARGS`` exactly as given (no --prefix added); ``env`` adds variables."""
+    command = [sys.executable, "-c", "import sys; from rstreamer.cli import main; sys.exit(main())", *args]
+    environ = {k: v for k, v in procs.test_env().items() if k != "RSTREAMER_PREFIX"}
+    return subprocess.run(command, check=False, env={**environ, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_a_misspelt_or_missing_prefix_is_an_error_that_lists_the_known_ones(redis_client, redis_url, prefix):
+    with RedisStreamer(redis_url, prefix) as streamer:
+        streamer.submit_job([1, 2])  # no worker: it waits
+    misspelt = prefix[:-1] + ("x" if prefix[-1] != "x" else "y")
+    for command in (["jobs", "list"], ["dead", "list"], ["dead", "replay", "--all"], ["jobs", "purge", "--finished"]):
+        done = cli(*command, url=redis_url, prefix=misspelt)
+        # Before: "no jobs", "no dead letters", exit 0: as if the prefix were empty.
+        assert done.returncode == 1 and done.stdout == "", (command, done)
+        line = done.stderr.strip()
+        assert f"prefix '{misspelt}' is unknown" in line and f"known prefixes: {prefix}" in line, line
+    # No --prefix and no RSTREAMER_PREFIX: 'default' is read, and the error says so.
+    unnamed = bare_cli("jobs", "list", "--redis", redis_url)
+    assert unnamed.returncode == 1 and "prefix 'default' is unknown" in unnamed.stderr
+    assert "no --prefix (or RSTREAMER_PREFIX) was given" in unnamed.stderr
+    assert as_json(bare_cli("jobs", "list", "--json", "--redis", redis_url, RSTREAMER_PREFIX=prefix))[0]["total"] == 2
+
+
+def test_replay_and_purge_of_all_dead_letters_with_none_is_nothing_to_do(redis_client, redis_url, prefix):
+    redis_client.xgroup_create(Keys(prefix).requests, "workers", id="0", mkstream=True)  # a known, quiet prefix
+    for verb in ("replay", "purge"):
+        done = cli("dead", verb, "--all", url=redis_url, prefix=prefix)
+        assert done.returncode == 0, done.stderr  # before: exit 1, "name dead letter ids, or --all"
+        assert done.stdout.strip() == f"nothing to {verb}: prefix '{prefix}' has no dead letters"
+    assert as_json(cli("dead", "purge", "--all", "--json", url=redis_url, prefix=prefix)) == {"purged": 0}
+    assert cli("dead", "purge", url=redis_url, prefix=prefix).returncode == 1  # neither ids nor --all
+
+
+def test_jobs_show_cancel_and_purge_take_a_unique_start_of_an_id(redis_client, redis_url, prefix):
+    with RedisStreamer(redis_url, prefix) as streamer:
+        jobs = [streamer.submit_job([n]) for n in range(3)]
+    job = jobs[0]
+    others = {other.id for other in jobs[1:]}
+    start = next(job.id[:n] for n in range(4, 33) if not any(other.startswith(job.id[:n]) for other in others))
+    shown = as_json(cli("jobs", "show", start, "--json", url=redis_url, prefix=prefix))
+    assert shown["job_id"] == job.id  # before: "invalid job id"
+    assert as_json(cli("jobs", "cancel", start.upper(), "--json", url=redis_url, prefix=prefix)) == {job.id: True}
+    # Two ids that share a start: ambiguous, with the candidates (the sorted set is all a lookup reads).
+    twins = ["abcd" + "0" * 27 + "1", "abcd" + "0" * 27 + "2"]
+    redis_client.zadd(Keys(prefix).jobs, {twin: 1 for twin in twins})
+    ambiguous = cli("jobs", "show", "abcd", url=redis_url, prefix=prefix)
+    assert ambiguous.returncode == 2 and "'abcd' is ambiguous" in ambiguous.stderr
+    assert all(twin in ambiguous.stderr for twin in twins)
+    for bad, code, message in (("abc", 2, "4 digits or more"), ("xyz1", 2, "invalid job id"),
+                               ("ffff0000", 1, "no job id starts with 'ffff0000'")):
+        refused = cli("jobs", "show", bad, url=redis_url, prefix=prefix)
+        assert refused.returncode == code and message in refused.stderr, (bad, refused.stderr)
+    assert as_json(cli("jobs", "purge", start, "--json", url=redis_url, prefix=prefix)) == {"purged": [job.id]}
+
+
+def test_forget_deletes_every_key_of_a_prefix_nobody_serves(redis_client, redis_url, prefix, workers, tmp_path):
+    keys = Keys(prefix)
+    worker = workers.start(prefix, settings=FAST)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        assert streamer.predict([1]) == [2]
+        streamer.submit_job([1, 2]).wait(timeout=30)
+    redis_client.xadd(keys.requests, {"v": "2", "t": "abc:1", "i": "0", "r": "1000"})  # a malformed entry:
+    wait_until(lambda: redis_client.xlen(keys.dead) == 1, timeout=30, what="a dead letter")  # dead-lettered
+    served = bare_cli("forget", prefix, "--yes", "--redis", redis_url)
+    assert served.returncode == 1 and "1 live worker(s)" in served.stderr and "stop them first" in served.stderr
+    assert redis_client.exists(keys.requests)
+    os.killpg(worker.pid, signal.SIGKILL)
+    dead_after_ms = int(WorkerSettings().dead_after * 1000)  # as the command judges liveness
+    wait_until(lambda: not live_workers(*read_workers(redis_client, keys), dead_after_ms), timeout=30,
+               what="the worker dead")
+    unsure = bare_cli("forget", prefix, "--redis", redis_url)  # without --yes: what it would delete
+    assert unsure.returncode == 1 and "run again with --yes" in unsure.stderr, unsure.stderr
+    assert "dead 1" in unsure.stderr and "requests 1" in unsure.stderr and "job " in unsure.stderr
+    assert redis_client.exists(keys.requests)
+    forgotten = bare_cli("forget", prefix, "--yes", "--redis", redis_url)
+    assert forgotten.returncode == 0 and f"forgot prefix '{prefix}'" in forgotten.stdout, forgotten.stderr
+    assert list(redis_client.scan_iter(match=keys.pattern)) == []
+    assert prefix not in bare_cli("status", "--all", "--redis", redis_url).stdout
+    again = bare_cli("forget", prefix, "--yes", "--redis", redis_url)
+    assert again.returncode == 1 and f"prefix '{prefix}' is unknown" in again.stderr

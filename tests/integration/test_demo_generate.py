@@ -24,6 +24,9 @@ def test_demo_generate_streams_checks_and_cleans_up(tmp_path: Path) -> None:
             cwd=procs.ROOT, env=env, capture_output=True, text=True, timeout=110,
         )
         assert result.returncode == 0, result.stdout + result.stderr
+        # The toy decoder's text is gibberish: the demo says so before it shows any.
+        note = result.stdout.index("The decoder is a toy: a small Transformer with random weights")
+        assert note < result.stdout.index("POST /generate") and "gibberish by design" in result.stdout
         assert "64 chunks as Server-Sent Events" in result.stdout
         assert "joined: yes; every stream complete: yes" in result.stdout
         client = redis.Redis.from_url(server.url)

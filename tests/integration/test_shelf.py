@@ -1,6 +1,7 @@
 """Shelf workers against a real Redis: models loaded on demand and evicted, with real worker processes."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -271,16 +272,18 @@ def test_the_dashboard_shows_each_workers_models_and_each_models_loads(shelf):
 
     from rstreamer.ops.dashboard.app import Options, create_app
     from rstreamer.ops.dashboard.sampler import Sampler
+    from rstreamer.ops.shelves import dashboard_shelves
 
     shelf.start(shelf.spec(a={}, b={}), slots=2)
     predict(shelf.url, shelf.model("a"), [1])
-    sampler = Sampler(shelf.client, dead_after=4.0, interval=0.2, window=2.0, prefixes=[shelf.model("a")])
+    sampler = Sampler(shelf.client, dead_after=4.0, interval=0.2, window=2.0, prefixes=[shelf.model("a")],
+                      shelf=functools.partial(dashboard_shelves, dead_after=4.0))
     try:
         def shown() -> dict[str, Any] | None:
             sampler.sample()
             client = TestClient(create_app(sampler, Options(allowed_hosts=("testserver",))))
             state = client.get("/api/state").json()
-            (found,) = [s for s in state["shelves"] if s["shelf"] == shelf.name]
+            (found,) = [s for s in state["shelf"] if s["shelf"] == shelf.name]
             return found if found["workers"] and found["workers"][0]["held"] else None
 
         found = wait_until(shown, 10, what="the shelf on the dashboard")

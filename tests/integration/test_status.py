@@ -77,7 +77,7 @@ def test_without_a_prefix_every_prefix_is_listed(capsys, redis_client, redis_url
     listed = {entry["prefix"]: entry for entry in status_json(capsys, "--redis", redis_url)["prefixes"]}
     assert set(names) <= set(listed)
     assert listed[names[0]] == {"prefix": names[0], "queue_length": 0, "pending": 0, "dead_letters": 0,
-                                "live_workers": 0}
+                                "live_workers": 0, "state": "idle", "drain_s": 0.0}
     assert status_main(["--redis", redis_url]) == 0
     assert names[1] in capsys.readouterr().out
 
@@ -89,6 +89,31 @@ def test_status_command_prints_a_table(redis_url, prefix, workers):
     assert result.returncode == 0, result.stderr
     assert f"prefix        {prefix}" in result.stdout and "1 live" in result.stdout
     assert f":{pid}:" in result.stdout and "items/s" in result.stdout
+
+
+def test_idle_prefixes_are_marked_as_such(redis_client, redis_url, prefix, workers):
+    served, waiting, idle = prefix, f"{prefix}-waiting", f"{prefix}-idle"
+    workers.start(served)
+    with RedisStreamer(redis_url, waiting) as streamer:
+        streamer.submit([1, 2], timeout=30)  # nobody serves it: the items wait
+    ensure_group(redis_client, Keys(idle))  # what a worker that is gone leaves behind
+
+    def status(*args: str) -> str:
+        result = subprocess.run([str(RSTREAMER), "status", "--redis", redis_url, *args], env=procs.test_env(),
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    listed = {entry["prefix"]: entry["state"] for entry in json.loads(status("--all", "--json"))["prefixes"]}
+    assert {name: listed[name] for name in (served, waiting, idle)} == {
+        served: "serving", waiting: "unserved", idle: "idle"}
+    table = status("--all")
+    rows = {line.split()[0]: line.split()[1] for line in table.splitlines()[1:] if line.strip()}
+    assert (rows[served], rows[waiting], rows[idle]) == ("serving", "unserved", "idle"), table
+    assert "`rstreamer forget PREFIX` deletes a prefix nobody uses" in table
+    one = status("--prefix", idle, "--interval", "0")
+    assert f"prefix        {idle}  (no live worker and nothing queued" in one, one
+    assert json.loads(status("--prefix", idle, "--interval", "0", "--json"))["state"] == "idle"
 
 
 def test_unreachable_redis_is_one_line_without_the_password(capsys):

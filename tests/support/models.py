@@ -1,12 +1,14 @@
 """Small real models for the tests (importable by worker processes via PYTHONPATH)."""
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rstreamer import GenerativeModel, ManagedModel, Step
+from rstreamer import GenerativeModel, InvalidInput, ManagedModel, Step
 
 
 def double(batch: list[Any]) -> list[Any]:
@@ -58,6 +60,51 @@ class Placement(ManagedModel):
 class BrokenInit(ManagedModel):
     def init_model(self) -> None:
         raise RuntimeError("weights not found")
+
+
+class LoadsOnce(ManagedModel):
+    """Loads the first time (and its process then dies after ``die_after`` s); every later
+    init_model fails, as a model whose GPU broke after it had loaded. ``marker``: a file it creates."""
+
+    def init_model(self, marker: str, die_after: float = 0.5) -> None:
+        if os.path.exists(marker):
+            raise RuntimeError("weights not found")
+        open(marker, "w").close()
+        threading.Timer(die_after, os._exit, args=(17,)).start()
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+
+class Picky(ManagedModel):
+    """x -> 2x for an int; anything else is refused with InvalidInput."""
+
+    def init_model(self) -> None:
+        pass
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        for item in batch:
+            if not isinstance(item, int):
+                raise InvalidInput(f"expected an int, got {type(item).__name__}")
+        return [item * 2 for item in batch]
+
+
+class SlowToFail(ManagedModel):
+    """Logs each batch it is given (one JSON line to ``log``, at the start of the call), takes
+    ``delay`` seconds, then raises if the batch holds "boom", else doubles: a failing batch whose
+    halves a worker would run one after the other."""
+
+    def init_model(self, log: str, delay: float = 1.0) -> None:
+        self.log = log
+        self.delay = delay
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        with open(self.log, "a") as out:
+            out.write(json.dumps(batch) + "\n")
+        time.sleep(self.delay)
+        if "boom" in batch:
+            raise ValueError("boom is not a number")
+        return [item * 2 for item in batch]
 
 
 class Recorder(ManagedModel):
@@ -183,14 +230,17 @@ class Ticker(GenerativeModel):
     that step) for n steps; a step raises once any live item reaches its ``fail_at``; an item
     that is not a dict is refused at start. ``delay`` seconds per step; ``sampling`` makes the
     model non-deterministic; ``kill_at``: the process dies when any item reaches that step;
-    ``log``: a file where every item started is written, one ``repr`` a line."""
+    ``log``: a file where every item started is written, one ``repr`` a line; ``tag``, appended to
+    every chunk (``[i, live, tag]``): two workers with different tags claim to be deterministic but
+    answer differently, as batched float arithmetic can make a greedy model do."""
 
     def init_model(self, delay: float = 0.0, sampling: bool = False, kill_at: int | None = None,
-                   log: str | None = None) -> None:
+                   log: str | None = None, tag: Any = None) -> None:
         self.delay = delay
         self.deterministic = not sampling
         self.kill_at = kill_at
         self.log = log
+        self.tag = tag
         self.live: dict[int, list[Any]] = {}
 
     def start(self, items: Mapping[int, Any]) -> None:
@@ -213,7 +263,8 @@ class Ticker(GenerativeModel):
                 os._exit(17)
             self.live[key][1] = done + 1
             finished = done + 1 >= item["n"]
-            out[key] = Step([[done, len(self.live)]], finished)
+            chunk = [done, len(self.live)] if self.tag is None else [done, len(self.live), self.tag]
+            out[key] = Step([chunk], finished)
             if finished:
                 del self.live[key]
         return out

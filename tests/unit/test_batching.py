@@ -14,6 +14,7 @@ import pytest
 
 from rstreamer.batching.batcher import (
     EXPIRED,
+    WITHDRAWN,
     BatchPolicy,
     BatchStats,
     Failure,
@@ -21,6 +22,7 @@ from rstreamer.batching.batcher import (
     collect_batch,
     predict_isolated,
 )
+from rstreamer.batching.costing import CostModel, OomGuard
 from rstreamer.errors import ConfigError
 from rstreamer.local import QueueSource
 from support.fakes import FakeClock
@@ -265,10 +267,10 @@ def test_answer_batch_runs_live_items_and_answers_expired_ones_with_a_timeout():
 
     results = answer_batch(predict, [live_a, expired, live_b, at_deadline], BatchStats(), now=now)
     assert seen == [[1, 3]]
-    answered = [(item, outcome.ok, outcome.value) for item, outcome in results[:2]]
+    assert [item for item, _ in results] == [live_a, expired, live_b, at_deadline]  # in the batch's order
+    answered = [(item, outcome.ok, outcome.value) for item, outcome in results[::2]]
     assert answered == [(live_a, True, 2), (live_b, True, 6)]
-    assert [item for item, _ in results[2:]] == [expired, at_deadline]
-    for _, outcome in results[2:]:
+    for _, outcome in results[1::2]:
         assert outcome is EXPIRED
         assert outcome.failure.kind == "timeout"
         assert outcome.failure.type == "StreamerTimeout"
@@ -309,7 +311,70 @@ def test_answer_batch_with_only_expired_items_does_not_predict_or_observe():
 def test_answer_batch_defaults_now_to_the_wall_clock():
     live, expired = Item("live", time.time() + 60), Item("expired", time.time() - 1)
     results = answer_batch(times_two, [expired, live], BatchStats())
-    assert [(item, outcome.ok) for item, outcome in results] == [(live, True), (expired, False)]
+    assert [(item, outcome.ok) for item, outcome in results] == [(expired, False), (live, True)]
+
+
+def test_a_split_batch_does_not_start_the_items_whose_deadline_passed_meanwhile():
+    """The model raises on a batch; by the time its halves would run, one caller's deadline has
+    passed (a slow failing batch): that half is answered EXPIRED without running."""
+    clock = [100.0]
+    seen = []
+
+    def slow_then_fails(batch):
+        seen.append(list(batch))
+        clock[0] += 5.0  # the call took 5 s
+        if "bad" in batch:
+            raise ValueError("bad input")
+        return batch
+
+    items = [Item("bad", 200.0), Item("late", 103.0), Item("ok", 200.0)]
+    stats = BatchStats()
+    results = dict((item.payload, outcome) for item, outcome in
+                   answer_batch(slow_then_fails, items, stats, clock=lambda: clock[0]))
+    assert results["late"] is EXPIRED and "late" not in sum(seen[1:], [])
+    assert not results["bad"].ok and results["ok"].value == "ok"
+    assert (stats.items, stats.expired, stats.errors) == (2, 1, 1)
+
+
+def test_a_split_batch_does_not_start_the_items_withdrawn_meanwhile():
+    gone = set()
+    seen = []
+
+    def fails(batch):
+        seen.append(list(batch))
+        gone.add("left")  # its caller gave up while the batch ran
+        if "bad" in batch:
+            raise ValueError("bad input")
+        return batch
+
+    items = [Item("bad", 1e12), Item("left", 1e12), Item("stays", 1e12)]
+    calls = []
+
+    def withdrawn(batch):
+        calls.append([item.payload for item in batch])
+        return {position for position, item in enumerate(batch) if item.payload in gone}
+
+    results = dict((item.payload, outcome) for item, outcome in
+                   answer_batch(fails, items, BatchStats(), withdrawn=withdrawn))
+    assert results["left"] is WITHDRAWN and all("left" not in batch for batch in seen[1:])
+    assert results["stays"].value == "stays"
+    assert calls[0] == ["bad", "left", "stays"], "checked before the first call of the model too"
+
+
+def test_an_invalid_input_fails_alone_with_its_own_kind_and_no_traceback(caplog):
+    from rstreamer import InvalidInput
+
+    def refuses(batch):
+        for item in batch:
+            if not isinstance(item, str):
+                raise InvalidInput(f"expected a str, got {type(item).__name__}")
+        return batch
+
+    outcomes = predict_isolated(refuses, ["a", 2, "c"])
+    assert [o.ok for o in outcomes] == [True, False, True]
+    failure = outcomes[1].failure
+    assert (failure.type, failure.message, failure.kind) == ("InvalidInput", "expected a str, got int", "invalid")
+    assert "Traceback" not in caplog.text and "model refused an input" in caplog.text
 
 
 def filled_queue(*items: Any) -> queue.Queue:
@@ -365,3 +430,30 @@ def test_collect_batch_over_a_queue_source_in_adaptive_mode_takes_what_is_queued
     started = time.monotonic()
     assert collect_batch(QueueSource(q), BatchPolicy(8, 5.0), first_wait=1.0) == ["a", "b", "c"]
     assert time.monotonic() - started < 0.5
+
+
+class OutOfMemory(Exception):
+    pass
+
+
+def test_answer_batch_recovers_from_out_of_memory_with_the_live_items_costs():
+    # Items are their costs; the model runs out of memory above 8 (costs summed).
+    now = 100.0
+    items = [Item(4, 200.0), Item(4, 200.0), Item(100, 50.0), Item(100, now), Item(4, 200.0)]
+    seen = []
+
+    def predict(batch):
+        seen.append(list(batch))
+        if sum(batch) > 8:
+            raise OutOfMemory(f"{sum(batch)} is over 8")
+        return times_two(batch)
+
+    stats = BatchStats()
+    guard = OomGuard(errors=(OutOfMemory,), cost_model=CostModel.SUM)
+    results = answer_batch(predict, items, stats, now=now, oom=guard, costs=[item.payload for item in items])
+    # the live items only (the expired ones' costs do not count), split in halves on the OOM
+    assert seen == [[4, 4, 4], [4], [4, 4]]
+    outcomes = [outcome for _, outcome in results]  # in the items' order
+    assert [(outcome.ok, outcome.value) for outcome in outcomes[:2] + outcomes[4:]] == [(True, 8)] * 3
+    assert outcomes[2:4] == [EXPIRED, EXPIRED]
+    assert guard.cap.value == stats.cost_cap == 6  # half of the batch that ran out of memory (12)

@@ -24,6 +24,7 @@ def test_defaults():
         "redis://localhost:6379/0", [], 1, 64, 0.1)
     assert (args.init_args, args.init_kwargs, args.metrics_port, args.log_level, args.check) == ([], {}, None, "INFO",
                                                                                                   False)
+    assert args.metrics_host == "127.0.0.1"  # this machine only, as the dashboard
 
 
 def test_every_option_from_the_environment():
@@ -35,17 +36,18 @@ def test_every_option_from_the_environment():
            "RSTREAMER_WAIT_FOR_REDIS": "30", "RSTREAMER_PRIORITIES": "8,1", "RSTREAMER_LEVEL_MAX_QUEUE": "0,500",
            "RSTREAMER_TENANT_RATE": "50", "RSTREAMER_TENANT_BURST": "100", "RSTREAMER_TENANT_QUOTAS": "acme=500:1000",
            "RSTREAMER_TENANT_SHARING": "Fair", "RSTREAMER_WEBHOOK_ALLOW": "10.0.0.0/8,hooks.internal",
-           "RSTREAMER_SHELF": "", "RSTREAMER_SLOTS": "4", "RSTREAMER_MEMORY_BUDGET": "2GiB",
-           "RSTREAMER_SHELF_POLICY": "LRU"}
+           "RSTREAMER_METRICS_HOST": "0.0.0.0", "RSTREAMER_SHELF": "", "RSTREAMER_SLOTS": "4",
+           "RSTREAMER_MEMORY_BUDGET": "2GiB", "RSTREAMER_SHELF_POLICY": "LRU"}
     args = parse([], env)
     assert vars(args) == {"redis": "redis://r:1/2", "prefix": "envp", "gpus": [0, 1], "workers_per_gpu": 2,
                           "batch_size": 8, "max_latency": 0.5, "init_args": [1], "init_kwargs": {"a": 2},
                           "metrics_port": 9000, "log_level": "DEBUG", "log_interval": 5.0, "max_restarts": 0,
                           "max_batch_cost": 4096, "cost_model": "sum", "model": "m:C", "check": False,
-                          "wait_for_redis": 30.0, "priorities": "8,1", "level_max_queue": "0,500",
+                          "liveness": False, "wait_for_redis": 30.0, "priorities": "8,1", "level_max_queue": "0,500",
                           "tenant_rate": 50.0, "tenant_burst": 100, "tenant_quotas": "acme=500:1000",
                           "tenant_sharing": "fair", "webhook_allow": "10.0.0.0/8,hooks.internal",
-                          "shelf": None, "slots": 4, "memory_budget": 2 * 2**30, "shelf_policy": "lru"}
+                          "metrics_host": "0.0.0.0", "shelf": None, "slots": 4, "memory_budget": 2 * 2**30,
+                          "shelf_policy": "lru"}
     assert set(env) == set(cli.WORKER_ENV.values())
 
 
@@ -93,6 +95,7 @@ def test_a_bad_environment_value_is_ignored_when_the_command_line_sets_it():
     (["--level-max-queue", "10,x", *BASE], "comma-separated list of integers"),
     (["--tenant-quotas", "acme=fast", *BASE], "expected name=rate:burst"),
     (["--tenant-quotas", "a b=1:2", *BASE], "invalid tenant"),
+    (["--liveness", *BASE], "--liveness goes with --check"),
     (["--webhook-allow", "10.0.0.0/33", *BASE], "webhook allow-list entry"),
 ])
 def test_invalid_arguments_exit_2_with_a_message(capsys, argv, message):

@@ -1,9 +1,11 @@
-"""The demo's plot: latency, throughput, and the mean batch size against the batch-size limit."""
+"""The demo's parts without its processes: the plot (latency, throughput, the mean batch size
+against the batch-size limit, the load phases), what it says of its batches, its arguments."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from rstreamer_tools.demo import Sample, figure, throughput_series
+from rstreamer_tools import demo, demo_generate
+from rstreamer_tools.demo_load import Phase, Sample, figure, mean_batch, throughput_series, why_this_batch_size
 
 
 def samples() -> list[Sample]:
@@ -26,6 +28,46 @@ def test_the_plot_shows_latency_throughput_and_the_batch_size_limit():
         limit = [line for line in batches.lines if line.get_label().startswith("batch size limit")]
         assert limit and list(limit[0].get_ydata()) == [32, 32]
         assert batches.get_ylim() == (0, 32 * 1.15)
-        assert all(axis.get_ylim()[0] == 0 for axis in drawing.axes)
+        assert latency.get_yscale() == "log", "milliseconds for one client, seconds under a deep queue"
+        assert throughput.get_ylim()[0] == 0 and batches.get_ylim()[0] == 0
     finally:
         plt.close(drawing)
+
+
+def test_the_plot_marks_each_phase_with_its_clients():
+    phases = [Phase(1, "HTTP", 0.0, 2.0), Phase(256, "client", 2.0, 4.0)]
+    drawing = figure(samples(), [(1.0, 1.0), (3.0, 32.0)], 32, phases)
+    try:
+        labels = [text.get_text() for text in drawing.axes[0].texts]
+        assert labels == ["1 HTTP\nclients", "256 callers\n(Python client)"]
+        assert all(len(axis.patches) == 2 for axis in drawing.axes), "each phase shaded on every panel"
+    finally:
+        plt.close(drawing)
+
+
+def test_mean_batch_of_a_phase_comes_from_the_heartbeat_totals_around_it():
+    points = [(0.0, 10, 10), (1.0, 20, 20), (2.0, 30, 20 + 10 * 16), (3.0, 32, 20 + 10 * 16 + 64)]
+    assert mean_batch(points, 0.5, 1.0) == 1.0  # 10 batches of 1 since the point before the phase
+    assert mean_batch(points, 1.5, 3.0) == (10 * 16 + 64) / 12
+
+
+def test_the_explanation_names_what_bounds_the_batches():
+    text = " ".join(why_this_batch_size(2, 32, 0.02).split())
+    assert "N clients keep at most N items in Redis, shared by 2 workers" in text
+    assert "about N/2" in text and "2 x 32 = 64" in text and "--max-latency 0.02 s" in text
+
+
+def test_load_phases_and_callers_are_arguments():
+    args = demo.parse_args([])
+    assert (args.clients, args.callers, args.seconds) == (demo.LOAD_PHASES, demo.CALLERS, 4.0)
+    assert demo.parse_args(["--clients", "2,64", "--callers", "0"]).clients == [2, 64]
+    assert demo.parse_args(["--generate"]).clients == [demo.STREAMS]
+
+
+def test_the_generate_part_serves_any_model_reference():
+    assert demo.parse_args(["--generate"]).generate_model is None  # the toy decoder, which the demo explains
+    assert demo_generate.worker_command(demo_generate.MODEL, 8)[-1] == "workers.decoder:TinyDecoder"
+    assert demo_generate.MODEL in demo_generate.TOY_MODELS
+    args = demo.parse_args(["--generate", "--generate-model", "mymodels.llm:Chat"])
+    assert demo_generate.worker_command(args.generate_model, 8)[-1] == "mymodels.llm:Chat"
+    assert "mymodels.llm:Chat" not in demo_generate.TOY_MODELS, "a real model gets no toy note"

@@ -49,3 +49,23 @@ def test_a_module_that_binds_names_dynamically_is_left_to_the_import(module_dir,
 def test_a_missing_module_is_refused(module_dir):
     with pytest.raises(ConfigError, match="no module named 'no_such_models'"):
         check_model_name("no_such_models:Model")
+
+
+def test_a_misspelt_module_gets_the_modules_it_likely_meant(module_dir):
+    (module_dir / "pkg_models").mkdir()
+    (module_dir / "pkg_models" / "__init__.py").write_text("")
+    write(module_dir / "pkg_models", "embedding", "class EmbeddingModel: pass\n")
+    with pytest.raises(ConfigError,
+                       match=r"no module named 'pkg_models.embeding'; did you mean 'pkg_models.embedding'"):
+        check_model_name("pkg_models.embeding:EmbeddingModel")
+    with pytest.raises(ConfigError, match=r"no module named 'pkg_model'; did you mean 'pkg_models'"):
+        check_model_name("pkg_model.embedding:EmbeddingModel")
+    with pytest.raises(ConfigError, match=r"with dots.*: pkg_models.embedding:EmbeddingModel"):
+        check_model_name("pkg_models/embedding.py:EmbeddingModel")
+    for ref in ("pkg_models.embedding:", "pkg_models.embedding"):
+        with pytest.raises(ConfigError, match=r"is a module; name the model in it after a colon: pkg_models."
+                                              r"embedding:ClassName \(it defines the classes EmbeddingModel\)"):
+            check_model_name(ref)
+    with pytest.raises(ConfigError, match=r"defines no 'Model'; did you mean 'EmbeddingModel'\?$"):
+        check_model_name("pkg_models.embedding:Model")
+    sys.modules.pop("pkg_models", None)

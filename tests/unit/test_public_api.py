@@ -10,7 +10,8 @@ import rstreamer
 PUBLIC = [
     "AsyncRedisStreamer", "BatchPolicy", "BatchSizeMismatch", "BrokerUnavailable", "CallTooLarge", "Cancelled",
     "ClientSettings", "CodecError", "ConfigError", "DeadLettered", "DecodeError", "EncodeError", "Future",
-    "GenerativeModel", "InvalidJobId", "InvalidPriority", "Job", "JobCancelled", "JobItem", "JobNotFound",
+    "GenerativeModel", "InvalidInput", "InvalidJobId", "InvalidPriority", "Job", "JobCancelled", "JobItem",
+    "JobNotFound",
     "JobSettings", "JobState", "JobTooLarge", "ManagedModel", "NoLiveWorker", "Overloaded", "Progress",
     "RStreamerError", "RateLimited", "RedisStreamer", "RedisWorker", "RemoteError", "Restarted", "Step",
     "Streamer", "StreamerTimeout", "ThreadedStreamer", "WorkerSettings", "WorkerStartupError", "register_type",

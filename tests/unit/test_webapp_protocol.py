@@ -13,6 +13,7 @@ from rstreamer.errors import (
     BrokerUnavailable,
     ConfigError,
     EncodeError,
+    InvalidInput,
     Overloaded,
     RemoteError,
     StreamerTimeout,
@@ -53,6 +54,7 @@ def reply(exc):
     (protocol.too_large(10), 413, "PayloadTooLarge"),
     (EncodeError("item 0 is too large"), 400, "EncodeError"),
     (RemoteError("ValueError", "boom"), 500, "ValueError"),
+    (InvalidInput("expected a str, got int", 2), 400, "InvalidInput"),
     (BatchSizeMismatch("BatchSizeMismatch", "3 outputs for 4 inputs"), 500, "BatchSizeMismatch"),
     (StreamerTimeout("1 of 1 items unanswered"), 504, "StreamerTimeout"),
     (Overloaded("queue full"), 503, "Overloaded"),
@@ -68,6 +70,8 @@ def test_errors_map_to_status_type_and_retry_after(exc, status, error_type):
 
 def test_error_messages_carry_the_model_message_but_no_internals():
     assert reply(RemoteError("ValueError", "boom is not a number"))[1]["message"] == "boom is not a number"
+    assert reply(RemoteError("ValueError", "boom is not a number", 3))[1] == {
+        "type": "ValueError", "message": "input 3: boom is not a number", "input": 3}
     assert "10.0.0.5" not in reply(BrokerUnavailable("Redis unreachable at redis://10.0.0.5:6379/0"))[1]["message"]
     assert "secret" not in reply(KeyError("secret"))[1]["message"]
 
@@ -98,6 +102,13 @@ def test_readiness_counts_only_recent_heartbeats():
     assert status == 503 and json.loads(body)["live_workers"] == 0
 
 
+def test_with_a_cold_start_wait_a_fleet_at_zero_keeps_the_web_app_ready():
+    # Calls then wait, enqueued, for the autoscaler to wake a worker: the Service must route them here.
+    status, body = protocol.readiness(20_000, {}, dead_after=2.0, prefix="p", cold_start_wait=30.0)
+    assert status == 200 and json.loads(body) == {"ready": True, "prefix": "p", "live_workers": 0,
+                                                  "cold_start": "calls wait up to 30s for a worker to start"}
+
+
 def test_config_from_env(monkeypatch):
     for name in ("RSTREAMER_MAX_BODY", "RSTREAMER_TIMEOUT", "RSTREAMER_PREFIX", "RSTREAMER_DEAD_AFTER"):
         monkeypatch.delenv(name, raising=False)
@@ -112,7 +123,8 @@ def test_config_from_env(monkeypatch):
 
 @pytest.mark.parametrize("name, value", [
     ("RSTREAMER_MAX_BODY", "lots"), ("RSTREAMER_MAX_BODY", "0"), ("RSTREAMER_TIMEOUT", "-1"),
-    ("RSTREAMER_PREFIX", "a b"),
+    ("RSTREAMER_PREFIX", "a b"), ("RSTREAMER_REDIS_URL", "http://localhost:6379"),
+    ("RSTREAMER_REDIS_URL", "redis://h:99999/0"), ("RSTREAMER_REDIS_URL", "redis://h/0?bogus=1"),
 ])
 def test_bad_config_fails_at_start(monkeypatch, name, value):
     monkeypatch.setenv(name, value)

