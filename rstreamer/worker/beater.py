@@ -107,6 +107,7 @@ class Beater:
             return  # not started (or stopped): a worker driven step by step, as in tests
         if self._process.poll() is not None:
             logger.warning("heartbeat process exited (code %s); starting a new one", self._process.returncode)
+            _close_pipes(self._process)
             self.start()
             return
         if self._report(self._beats()):
@@ -140,6 +141,7 @@ class Beater:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        _close_pipes(process)
 
     def _send(self, message: dict[str, Any], process: subprocess.Popen[bytes] | None = None) -> bool:
         process = process or self._process
@@ -150,6 +152,16 @@ class Beater:
             return os.write(process.stdin.fileno(), line) == len(line)
         except (BlockingIOError, BrokenPipeError):
             return False
+
+
+def _close_pipes(process: subprocess.Popen[bytes]) -> None:
+    """Close our ends of an exited heartbeat process's pipes."""
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
 
 # the heartbeat process ---------------------------------------------------------------------
