@@ -110,6 +110,7 @@ def test_a_cold_model_is_loaded_on_its_first_call_and_answers_it(shelf):
     assert len(shelf.events("loaded", "a")) == 1
 
 
+@pytest.mark.timeout(180)
 def test_a_model_is_never_served_by_a_worker_that_does_not_hold_it(shelf):
     shelf.start(shelf.spec(a={}, b={}, c={}), count=2)  # 2 workers x 1 slot, 3 models: they swap
     for round_ in range(3):
@@ -134,6 +135,7 @@ def test_a_model_is_never_served_by_a_worker_that_does_not_hold_it(shelf):
         assert all(count == 1 for count in shelf.ran(x).values()), shelf.ran(x)
 
 
+@pytest.mark.timeout(180)
 def test_eviction_drains_first_no_item_lost_none_run_twice(shelf):
     """One slot, two busy models batched by cost (so the worker holds items it read ahead): the
     worker takes turns, and each turn ends with a drain of what it read."""
@@ -163,6 +165,7 @@ def test_eviction_drains_first_no_item_lost_none_run_twice(shelf):
     assert sum(int(e["drained"]) for e in evictions) > 0  # what it held was run before the unload
 
 
+@pytest.mark.timeout(180)
 def test_a_worker_killed_mid_load_loses_nothing(shelf):
     procs = shelf.start(shelf.spec(slow={"load_delay": 4.0}), count=2)
     by_pid = {proc.pid: proc for proc in procs}
@@ -293,3 +296,23 @@ def test_the_dashboard_shows_each_workers_models_and_each_models_loads(shelf):
     rows = {row["model"]: row for row in found["models"]}
     assert rows[shelf.model("a")]["loads"] == 1 and len(rows[shelf.model("a")]["holders"]) == 1
     assert rows[shelf.model("b")]["holders"] == [] and rows[shelf.model("b")]["backlog"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_a_holder_killed_while_it_serves_loses_nothing(shelf):
+    """Its entries stay pending on the model's stream; the model's next holder reclaims them."""
+    procs = shelf.start(shelf.spec(slow={"delay": 3.0}), count=2)
+    by_pid = {proc.pid: proc for proc in procs}
+    answers: list[Any] = []
+    caller = threading.Thread(target=lambda: answers.extend(predict(shelf.url, shelf.model("slow"), [1, 2, 3], 90)))
+    caller.start()
+    stream = Keys(shelf.model("slow")).requests
+    pending = wait_until(lambda: shelf.client.xpending(stream, "workers")["pending"] == 3 and
+                         shelf.client.xpending(stream, "workers"), 30, what="the batch running",
+                         retry_on=(Exception,))
+    ((holder, _),) = [(c["name"].decode(), c["pending"]) for c in pending["consumers"]]
+    os.killpg(by_pid[int(holder.split(":")[1])].pid, signal.SIGKILL)
+    caller.join(90)
+    assert [out for _, _, out in answers] == [2, 4, 6]
+    assert {pid for _, pid, _ in answers} != {int(holder.split(":")[1])}
+    assert set(shelf.ran("slow").values()) == {1}  # killed before its model finished: run once, by the next
