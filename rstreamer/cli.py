@@ -39,7 +39,8 @@ USAGE = """usage: rstreamer COMMAND [options]    (rstreamer --version: the insta
 commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
   demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP load, what it batched
-  bench    benchmarks (bench cost: cost-aware batching; bench stream: continuous batching and streaming)
+  bench    benchmarks (bench cost: cost-aware batching; bench stream: continuous batching and streaming;
+           bench llm: the same with a real chat model)
   dashboard  live page of queues, workers and dead letters (--help for options)
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   jobs     durable jobs: list, show, cancel, purge (--help for options)

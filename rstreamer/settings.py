@@ -7,6 +7,7 @@ side, WorkerSettings on the worker side), its variable is ``RSTREAMER_<FIELD>`` 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Callable
@@ -20,6 +21,14 @@ from .batching.quotas import Quotas
 from .errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+MAX_TIMEOUT = 24 * 3600.0
+"""The longest timeout a call may have, in seconds (one day): the streamers refuse a longer one
+(ConfigError) and the web apps answer it with 400."""
+
+MAX_JOB_TTL = 30 * 24 * 3600.0
+"""The longest a durable job may live, in seconds (30 days): ``submit_job(ttl=)``,
+``RSTREAMER_JOB_TTL`` and ``"ttl"`` of ``POST /jobs`` are refused beyond it."""
 ENV_PREFIX = "RSTREAMER_"
 
 _S = TypeVar("_S", bound="EnvSettings")
@@ -137,6 +146,16 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` if it is a number of seconds > 0 and at most MAX_TIMEOUT; raises ConfigError
+    (a ValueError) otherwise."""
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT):
+        raise ConfigError(f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} (one day), "
+                          f"got {timeout!r}")
+    return float(timeout)
+
+
 class EnvSettings:
     """Base of the settings dataclasses: ``from_env`` reads a field from ``RSTREAMER_<FIELD>``."""
 
@@ -169,7 +188,8 @@ class EnvSettings:
 class ClientSettings(EnvSettings):
     """Web-side settings of a RedisStreamer.
 
-    timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``).
+    timeout: seconds a call may take end to end (``RSTREAMER_TIMEOUT``), at most a day
+        (MAX_TIMEOUT).
     max_queue: refuse new work while this many items wait undelivered; 0 disables.
     max_queue_bytes: refuse new work that would make the prefix's request stream hold more
         than this many bytes in Redis (``RSTREAMER_MAX_QUEUE_BYTES``); 0 disables. Keep it well
@@ -184,6 +204,8 @@ class ClientSettings(EnvSettings):
 
     def __post_init__(self) -> None:
         _positive("timeout", self.timeout)
+        if not self.timeout <= MAX_TIMEOUT:
+            raise ConfigError(f"timeout must be at most {MAX_TIMEOUT:.0f} seconds (one day), got {self.timeout!r}")
         _positive("max_queue", self.max_queue, allow_zero=True)
         _positive("max_queue_bytes", self.max_queue_bytes, allow_zero=True)
         _positive("max_item_bytes", self.max_item_bytes)
@@ -279,7 +301,7 @@ class JobSettings(EnvSettings):
     """Settings of durable jobs (``RSTREAMER_JOB_*``; see docs/jobs.md).
 
     job_ttl: seconds a job (state, inputs, results) lives in Redis after it is submitted,
-        unless ``submit_job(ttl=...)`` says otherwise.
+        unless ``submit_job(ttl=...)`` says otherwise; at most 30 days (MAX_JOB_TTL).
     job_max_items: a job with more items is refused at submit (JobTooLarge).
     job_window: most items of one job on the request stream at once; the workers feed the
         next ones as they answer, so a large job never floods the stream.
@@ -293,6 +315,8 @@ class JobSettings(EnvSettings):
 
     def __post_init__(self) -> None:
         _positive("job_ttl", self.job_ttl)
+        if not self.job_ttl <= MAX_JOB_TTL:
+            raise ConfigError(f"job_ttl must be at most {MAX_JOB_TTL:.0f} seconds (30 days), got {self.job_ttl!r}")
         for name in ("job_max_items", "job_window", "job_upload_chunk"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

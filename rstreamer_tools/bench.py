@@ -860,9 +860,10 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost|jobs|stream|priority] ...``: every transport side by side, the
+    """``rstreamer bench [cost|jobs|stream|llm|priority] ...``: every transport side by side, the
     cost-batching bench, the jobs bench, the streaming bench (continuous against request-level
-    batching), or the priority bench (levels, cancellation, tenant quotas)."""
+    batching), the same with a real chat model, or the priority bench (levels, cancellation,
+    tenant quotas)."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["cost"]:
         from rstreamer_tools.bench_cost import main as cost_main
@@ -877,6 +878,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rstreamer_tools.bench_stream import main as stream_main
 
         return stream_main(argv[1:])
+    if argv[:1] == ["llm"]:
+        from rstreamer_tools.bench_llm import main as llm_main
+
+        return llm_main(argv[1:])
     if argv[:1] == ["priority"]:
         from rstreamer_tools.bench_priority import main as priority_main
 

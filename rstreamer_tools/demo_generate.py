@@ -24,7 +24,7 @@ import time
 import uuid
 
 from rstreamer.broker.embedded import free_port
-from rstreamer_tools import demo
+from rstreamer_tools.stack import console_script, open_stack, source_root, wait_for_workers, wait_ready, web_command
 
 #: The generative model the demo serves, unless --generate-model names another.
 MODEL = "workers.decoder:TinyDecoder"
@@ -39,7 +39,7 @@ PROMPT = {"prompt": "Once upon a time", "max_new_tokens": 64}
 
 
 def worker_command(model: str, max_active: int) -> list[str]:
-    return [*demo._script("rstreamer-worker", "rstreamer.cli", "worker_main"), "--batch-size", str(max_active),
+    return [*console_script("rstreamer-worker", "rstreamer.cli", "worker_main"), "--batch-size", str(max_active),
             "--log-level", "WARNING", "--log-interval", "0", model]
 
 
@@ -49,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
     port = args.port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     with contextlib.ExitStack() as stack:
-        shared = demo.open_stack(stack, f"demo-generate-{uuid.uuid4().hex[:8]}", args.output / "stack-generate.log")
+        shared = open_stack(stack, f"demo-generate-{uuid.uuid4().hex[:8]}", args.output / "stack-generate.log")
         print(f"starting a worker of a generative model (rstreamer-worker {model}) and gunicorn at {base_url}")
         worker = shared.children.start(worker_command(model, args.batch_size))
-        web = shared.children.start(demo.web_command(port, 1), cwd=demo._source_root())
-        demo.wait_for_workers(shared.client, shared.keys, 1)
-        demo.wait_ready(base_url, [worker, web])
+        web = shared.children.start(web_command(port, 1), cwd=source_root())
+        wait_for_workers(shared.client, shared.keys, 1)
+        wait_ready(base_url, [worker, web])
         if model in TOY_MODELS:
             print(f"\n{textwrap.fill(TOY_MODELS[model], 96)}")
         text = stream_over_http(base_url)

@@ -143,9 +143,9 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
                 body = request.get_data(cache=False)
             except RequestEntityTooLarge:
                 raise protocol.too_large(config.max_body) from None
-            job_request = jobs.parse_job_request(request.content_type, body)
+            job_request = jobs.parse_job_request(request.content_type, body, request.headers)
             job = streamer.get().submit_job(job_request.inputs, ttl=job_request.ttl, meta=job_request.meta,
-                                          webhook=job_request.webhook)
+                                          webhook=job_request.webhook, tenant=job_request.tenant)
             return (202, *jobs.submitted(job.id))
         return answer("/jobs", submit)
 

@@ -137,9 +137,10 @@ async def _job_answer(route: str, handler: Callable[[], Awaitable[tuple[int, byt
 async def _submit_job(request: Request) -> Response:
     async def submit() -> tuple[int, bytes, dict[str, str]]:
         body = await read_body(request, request.app.state.config.max_body)
-        job_request = jobs.parse_job_request(request.headers.get("content-type"), body)
+        job_request = jobs.parse_job_request(request.headers.get("content-type"), body, request.headers)
         job = await request.app.state.streamer.submit_job(job_request.inputs, ttl=job_request.ttl,
-                                                          meta=job_request.meta, webhook=job_request.webhook)
+                                                          meta=job_request.meta, webhook=job_request.webhook,
+                                                          tenant=job_request.tenant)
         return (202, *jobs.submitted(job.id))
     return await _job_answer("/jobs", submit)
 

@@ -1,8 +1,9 @@
 """What the Flask and the Starlette apps share for durable jobs: ``POST /jobs``, ``GET /jobs/<id>``,
 ``DELETE /jobs/<id>``. Request parsing and response bodies only; the apps do the I/O.
 
-``POST /jobs`` takes ``{"inputs": [...], "ttl": seconds?, "meta": any?, "webhook": url?}`` and answers 202 with
-``{"job_id", "status_url"}`` and a ``Location`` header. ``GET /jobs/<id>?start=0&count=1000``
+``POST /jobs`` takes ``{"inputs": [...], "ttl": seconds?, "meta": any?, "webhook": url?}`` (``ttl`` at most 30
+days) and an optional ``X-Tenant`` header (whose quota and fair share the items take, as for ``/predict``), and
+answers 202 with ``{"job_id", "status_url"}`` and a ``Location`` header. ``GET /jobs/<id>?start=0&count=1000``
 answers the job's status and counters and, once it has finished, one page of its outputs
 (``{"index", "output"}`` or ``{"index", "error": {"type", "message"}}``) with the URL of the next
 page; ``count=0`` answers the status alone. An unknown or expired id is a 404.
@@ -10,14 +11,16 @@ page; ``count=0`` answers the status alone. An unknown or expired id is a 404.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rstreamer.errors import RemoteError
 from rstreamer.jobs.sync import JobInfo, JobItem, check_webhook
+from rstreamer.settings import MAX_JOB_TTL
 
-from .protocol import JSON, bad_request, dumps
+from .protocol import JSON, RequestHeaders, bad_request, dumps, request_tenant
 
 MAX_PAGE = 1000
 """Most outputs one ``GET /jobs/<id>`` returns."""
@@ -31,10 +34,12 @@ class JobRequest:
     ttl: float | None = None
     meta: Any = None
     webhook: str | None = None
+    tenant: str | None = None
 
 
-def parse_job_request(content_type: str | None, body: bytes) -> JobRequest:
-    """The job a ``POST /jobs`` body asks for; raises a 400 HTTPError for anything else."""
+def parse_job_request(content_type: str | None, body: bytes, headers: RequestHeaders) -> JobRequest:
+    """The job a ``POST /jobs`` request asks for (the tenant from ``X-Tenant``); raises a 400
+    HTTPError for anything else."""
     mimetype = (content_type or "").split(";", 1)[0].strip().lower()
     if mimetype != JSON and not mimetype.endswith("+json"):
         raise bad_request(f'send {JSON} {{"inputs": [...]}}, not {mimetype or "no type"}')
@@ -53,9 +58,11 @@ def parse_job_request(content_type: str | None, body: bytes) -> JobRequest:
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     ttl = document.get("ttl")
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
-        raise bad_request(f'"ttl" must be a number of seconds > 0, got {ttl!r}')
-    return JobRequest(document["inputs"], ttl, document.get("meta"), webhook)
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl)
+                            or not 0 < ttl <= MAX_JOB_TTL):
+        raise bad_request(f'"ttl" must be a number of seconds > 0 and at most {MAX_JOB_TTL:.0f} (30 days), '
+                          f'got {ttl!r}')
+    return JobRequest(document["inputs"], ttl, document.get("meta"), webhook, request_tenant(headers))
 
 
 def status_url(job_id: str) -> str:

@@ -87,7 +87,12 @@ def call_options(in_body: Any, headers: RequestHeaders) -> tuple[int, str | None
     from ``in_body`` (the body's ``"priority"``, None when absent) or the ``X-Priority`` header,
     0 by default, both given must agree; the tenant from ``X-Tenant`` (None: no quota).
     HTTPError 400 says what is wrong."""
-    return _priority(in_body, headers.get(PRIORITY_HEADER)), _tenant(headers.get(TENANT_HEADER))
+    return _priority(in_body, headers.get(PRIORITY_HEADER)), request_tenant(headers)
+
+
+def request_tenant(headers: RequestHeaders) -> str | None:
+    """The tenant a request names in ``X-Tenant`` (None: none); HTTPError 400 for an invalid name."""
+    return _tenant(headers.get(TENANT_HEADER))
 
 
 def _tenant(value: str | None) -> str | None:

@@ -1,7 +1,7 @@
 """``POST /generate``: one item's answer streamed as Server-Sent Events, for both apps.
 
 The body is JSON ``{"input": item}`` (and optionally ``"timeout": seconds``, which bounds the
-whole answer, and ``"priority": level``; the ``X-Priority`` and ``X-Tenant`` headers as for
+whole answer, at most a day, and ``"priority": level``; the ``X-Priority`` and ``X-Tenant`` headers as for
 ``/predict``). A refused request (bad body, full queue, Redis away, no live worker) is a JSON
 error with its status, as for ``/predict``; once the stream has started, every chunk is an event::
 
@@ -22,6 +22,8 @@ from typing import Any
 
 from rstreamer import Restarted
 from rstreamer.client.streams import AsyncChunkStream, ChunkStream
+from rstreamer.errors import ConfigError
+from rstreamer.settings import MAX_TIMEOUT, check_timeout
 
 from . import protocol
 
@@ -53,8 +55,12 @@ def parse_generate(content_type: str | None, body: bytes, headers: protocol.Requ
     if not isinstance(document, dict) or "input" not in document:
         raise protocol.bad_request('expected a JSON object {"input": ...}')
     timeout = document.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-        raise protocol.bad_request(f'"timeout" must be a number of seconds > 0, got {timeout!r}')
+    if timeout is not None:
+        try:
+            timeout = check_timeout(timeout)
+        except ConfigError:
+            raise protocol.bad_request(f'"timeout" must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} '
+                                       f'(one day), got {timeout!r}') from None
     return GenerateRequest(document["input"], timeout, *protocol.call_options(document.get("priority"), headers))
 
 

@@ -61,7 +61,8 @@ class AsyncRedisStreamer:
         self._cancel_script = scripts(self.redis).cancel
         self._poppers: set[asyncio.Future[None]] = set()
         self._withdrawals: set[asyncio.Future[None]] = set()
-        self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)
+        self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes,
+                                   max_queue=self.settings.max_queue)
 
     async def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
                      tenant: str | None = None) -> AsyncFuture:
@@ -172,9 +173,9 @@ class AsyncRedisStreamer:
 
     async def submit_job(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
                          meta: Any = None, *, window: int | None = None,
-                         webhook: str | None = None) -> AsyncJob:
+                         webhook: str | None = None, tenant: str | None = None) -> AsyncJob:
         """Store ``items`` as a durable job; see :meth:`rstreamer.RedisStreamer.submit_job`."""
-        return await self.jobs.submit(items, ttl, priority, meta, window, webhook)
+        return await self.jobs.submit(items, ttl, priority, meta, window, webhook, tenant)
 
     async def job(self, job_id: str) -> AsyncJob:
         """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""

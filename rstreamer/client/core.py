@@ -20,7 +20,7 @@ from ..broker.connection import BLPOP_SLICE, broker_errors, normalize_broker_url
 from ..codec import core as codec
 from ..errors import CallTooLarge, EncodeError, InvalidPriority, Overloaded, RateLimited
 from ..ops.tracing import current_traceparent
-from ..settings import ClientSettings, prefix_from_env, redis_url_from_env
+from ..settings import ClientSettings, check_timeout, prefix_from_env, redis_url_from_env
 from ..wire.keys import Keys
 from ..wire.messages import Admission, QueueLimits, Verdict, call_tenants, enqueue_args, enqueue_keys
 from ..wire.scripts import ScriptArgs
@@ -90,9 +90,11 @@ class CallFactory:
     def new_call(self, batch: list[Any], timeout: float | None, priority: int = 0, tenant: str | None = None) -> Call:
         """Encode ``batch``; raises EncodeError for an item that cannot be sent, CallTooLarge for
         a batch the queue bound could never admit, ConfigError for a priority that cannot be a
-        level (whether the workers serve it, the ENQUEUE script says) or an invalid tenant name."""
+        level (whether the workers serve it, the ENQUEUE script says), an invalid tenant name or
+        a timeout that is not a number of seconds > 0 and at most MAX_TIMEOUT (one day)."""
         check_priority(priority)
         check_tenant(tenant)
+        timeout = check_timeout(self.settings.timeout if timeout is None else timeout)
         max_queue = self.settings.max_queue
         if max_queue and len(batch) > max_queue:
             # Refused at once: it could only ever be refused as Overloaded, however often retried.
@@ -105,7 +107,6 @@ class CallFactory:
             if len(payload) > limit:
                 raise EncodeError(f"item {index} is {len(payload)} bytes encoded, over the limit of {limit}")
         token = self._next_token()
-        timeout = self.settings.timeout if timeout is None else timeout
         return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
                     time.monotonic() + timeout, current_traceparent(), priority, tenant)
 

@@ -40,7 +40,8 @@ class RedisStreamer(BaseStreamer):
         self.redis = create_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                   max_connections=MAX_CONNECTIONS)
         self._coalescer = Coalescer(self.redis, self.url, self.calls)
-        self.jobs = JobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes)
+        self.jobs = JobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes,
+                              max_queue=self.settings.max_queue)
 
     def submit(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
                tenant: str | None = None) -> Future:
@@ -83,7 +84,7 @@ class RedisStreamer(BaseStreamer):
 
     def submit_job(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
                    meta: Any = None, *, window: int | None = None,
-                   webhook: str | None = None) -> Job:
+                   webhook: str | None = None, tenant: str | None = None) -> Job:
         """Store ``items`` as a durable job and return its :class:`~rstreamer.jobs.sync.Job` at once.
 
         The workers run it as they have room, ``window`` items at a time (default
@@ -92,11 +93,14 @@ class RedisStreamer(BaseStreamer):
         readable from any process with :meth:`job`. ``meta`` is any JSON value kept with it.
         ``webhook``: an http(s) URL a worker POSTs the job's completion event to, once, with
         retries; only public addresses unless ``RSTREAMER_WEBHOOK_ALLOW`` allows others, and a
-        literal address refused raises ValueError here (see docs/jobs.md).
-        Raises EncodeError for an item that cannot be sent (named by its index) and JobTooLarge
-        past ``RSTREAMER_JOB_MAX_ITEMS`` items.
+        literal address refused raises ValueError here (see docs/jobs.md). ``tenant``: whose quota
+        the items take as they are fed, and with whom they share their level fairly (as a call's
+        ``tenant``; None: none).
+        Raises EncodeError for an item that cannot be sent (named by its index), JobTooLarge
+        past ``RSTREAMER_JOB_MAX_ITEMS`` items, ValueError for a ``ttl`` that is not a number of
+        seconds > 0 and at most 30 days, ConfigError (a ValueError) for an invalid tenant name.
         """
-        return self.jobs.submit(items, ttl, priority, meta, window, webhook)
+        return self.jobs.submit(items, ttl, priority, meta, window, webhook, tenant)
 
     def job(self, job_id: str) -> Job:
         """The job ``job_id`` of this prefix; raises InvalidJobId or JobNotFound."""

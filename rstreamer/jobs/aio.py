@@ -20,8 +20,7 @@ from ..batching.priority import Levels
 from ..broker.connection import broker_errors
 from ..errors import BrokerUnavailable, JobCancelled, JobNotFound
 from ..settings import JobSettings
-from ..wire.keys import Keys, job_token
-from ..wire.messages import WIRE_VERSION
+from ..wire.keys import Keys
 from ..wire.scripts import scripts
 from .sync import (
     PAGE,
@@ -39,6 +38,7 @@ from .sync import (
     created_or_raise,
     deadline,
     decode_item,
+    feed_args,
     log_end,
     log_indexes,
     not_finished,
@@ -52,23 +52,25 @@ class AsyncJobClient:
     """Jobs of one prefix through an asyncio Redis client."""
 
     def __init__(self, client: AsyncRedis | AsyncRedisCluster, keys: Keys, url: str, max_item_bytes: int,
-                 settings: JobSettings | None = None) -> None:
+                 settings: JobSettings | None = None, max_queue: int = 0) -> None:
         self.redis: Any = client  # redis-py types its replies loosely (bytes | str ...)
         self.keys = keys
         self.url = url
         self.max_item_bytes = max_item_bytes
+        self.max_queue = max_queue
         self.settings = settings or JobSettings.from_env()
         self._create = scripts(client).job_create
         self.feed_script = scripts(client).job_feed
         self.cancel_script = scripts(client).job_cancel
 
     async def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
-                     meta: Any = None, window: int | None = None, webhook: str | None = None) -> AsyncJob:
+                     meta: Any = None, window: int | None = None, webhook: str | None = None,
+                     tenant: str | None = None) -> AsyncJob:
         """Store the items and feed the first window; see :meth:`AsyncRedisStreamer.submit_job`."""
         with broker_errors(self.url):
             raw = await self.redis.get(self.keys.levels)
         job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook,
-                      Levels.from_json(raw) if raw else Levels())
+                      Levels.from_json(raw) if raw else Levels(), tenant=tenant, max_queue=self.max_queue)
         with broker_errors(self.url):
             try:
                 await self._upload(job)
@@ -173,11 +175,9 @@ class AsyncJob:
 
     async def feed(self) -> int:
         """Top the job's items on the request stream up to its window (the workers do it too)."""
-        level = (await self.info()).level
+        info = await self.info()
         with broker_errors(self._jobs.url):
-            return int(await self._jobs.feed_script(
-                keys=[self._keys.job(self.id), self._keys.job_inputs(self.id), self._keys.job_feed_stream(level)],
-                args=[job_token(self.id), WIRE_VERSION]))
+            return max(0, int(await self._jobs.feed_script(**feed_args(self._keys, info))))
 
     async def wait(self, timeout: float | None = None) -> JobState:
         """Wait until the job has finished and return its state; see :meth:`rstreamer.jobs.sync.Job.wait`."""

@@ -6,7 +6,9 @@ the indexes in the order they were answered; every key expires with the job's TT
 fed to the request stream a window at a time, by the Lua scripts in :mod:`rstreamer.wire.scripts`: the
 submitter feeds the first window and each worker that records answers feeds as many new items
 (:mod:`rstreamer.jobs.sink`), so a job never floods the stream and never depends on the process
-that submitted it. This module is the client side, shared by the sync and async streamers:
+that submitted it. The items are admitted like a call's: charged to the job's tenant's quota as
+they are fed, held for fair sharing, within their level's bound; what those hold back the workers
+feed later. This module is the client side, shared by the sync and async streamers:
 pure helpers (ids, encoding, decoding of the hash and the answers) and the sync :class:`Job`.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import builtins
 import enum
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -24,6 +27,7 @@ import redis
 
 from ..batching.batcher import Outcome
 from ..batching.priority import Levels
+from ..batching.quotas import check_tenant
 from ..broker.connection import BLPOP_SLICE, RedisClient, broker_errors
 from ..codec import core as codec
 from ..errors import (
@@ -39,12 +43,12 @@ from ..errors import (
     StreamerTimeout,
     remote_error_from,
 )
-from ..settings import JobSettings, WebhookSettings
+from ..settings import MAX_JOB_TTL, JobSettings, WebhookSettings
 from ..wire.keys import Keys, is_job_id, job_token
 from ..wire.messages import WIRE_VERSION
 from ..wire.published import published_levels
 from ..wire.replies import decode_reply
-from ..wire.scripts import scripts
+from ..wire.scripts import ScriptArgs, scripts
 from .webhook_targets import TargetPolicy, check_url
 
 MAX_META_BYTES = 64 * 1024
@@ -101,13 +105,14 @@ class JobInfo:
     started: float | None = None
     finished: float | None = None
     webhook: str | None = None
+    tenant: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The job as a JSON object (the web API's and the CLI's)."""
         return {"job_id": self.id, "status": self.state.value, "done": self.progress.done,
                 "failed": self.progress.failed, "total": self.progress.total, "created": self.created,
                 "expires": self.expires, "started": self.started, "finished": self.finished,
-                "priority": self.level, "meta": self.meta, "webhook": self.webhook}
+                "priority": self.level, "tenant": self.tenant, "meta": self.meta, "webhook": self.webhook}
 
 
 @dataclass(frozen=True)
@@ -190,10 +195,13 @@ def encode_meta(meta: Any) -> str:
 
 
 def ttl_ms(ttl: float | None, settings: JobSettings) -> int:
-    """The job's TTL in ms; raises ValueError for one that is not positive."""
+    """The job's TTL in ms; raises ValueError unless it is a number of seconds > 0 and at most
+    MAX_JOB_TTL (30 days)."""
     seconds = settings.job_ttl if ttl is None else ttl
-    if not (isinstance(seconds, (int, float)) and seconds > 0):
-        raise ValueError(f"ttl must be a number of seconds > 0, got {ttl!r}")
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
+            or not 0 < seconds <= MAX_JOB_TTL):
+        raise ValueError(f"ttl must be a number of seconds > 0 and at most {MAX_JOB_TTL:.0f} (30 days), "
+                         f"got {ttl!r}")
     return max(1, int(seconds * 1000))
 
 
@@ -233,7 +241,7 @@ def parse_info(job_id: str, fields: Mapping[bytes, bytes]) -> JobInfo:
         _number(fields, "created") / 1000, _number(fields, "expires") / 1000,
         _number(fields, "fed"), _number(fields, "window"), int(level) if level else None,
         json.loads(meta) if meta else None, _seconds(fields, "started"), _seconds(fields, "finished"),
-        _text(fields, "webhook") or None,
+        _text(fields, "webhook") or None, _text(fields, "tenant") or None,
     )
 
 
@@ -316,12 +324,16 @@ class Submission:
 
 def prepare(keys: Keys, items: Iterable[Any], settings: JobSettings, max_item_bytes: int, ttl: float | None,
             priority: int | None, meta: Any, window: int | None, webhook: str | None = None,
-            levels: Levels | None = None) -> Submission:
-    """Validate and encode a job; raises EncodeError, JobTooLarge, InvalidPriority or ValueError.
+            levels: Levels | None = None, *, tenant: str | None = None, max_queue: int = 0) -> Submission:
+    """Validate and encode a job; raises EncodeError, JobTooLarge, InvalidPriority, ConfigError
+    (an invalid tenant) or ValueError.
 
     ``levels``: the priority levels the workers publish (a job defaults to the least urgent).
+    ``tenant``: whose quota and fair share the job's items take (None: none); ``max_queue``: the
+    bound of the job's level when the workers publish none (the submitter's, 0: none).
     """
     level = check_level(priority, levels or Levels())
+    tenant = check_tenant(tenant)
     hook = check_webhook(webhook)
     duration = ttl_ms(ttl, settings)
     window = settings.job_window if window is None else window
@@ -330,14 +342,21 @@ def prepare(keys: Keys, items: Iterable[Any], settings: JobSettings, max_item_by
     meta_text = encode_meta(meta)
     payloads = encode_items(items, max_item_bytes, settings.job_max_items)
     job_id = new_job_id()
-    stream = keys.job_feed_stream(level)
     return Submission(
         job_id, payloads,
-        [keys.job(job_id), keys.job_inputs(job_id), keys.jobs, keys.job_log(job_id), keys.job_events, stream,
-         keys.webhooks],
-        [job_id, job_token(job_id), WIRE_VERSION, len(payloads), duration, window, level, meta_text, hook],
+        [keys.job(job_id), keys.job_inputs(job_id), keys.jobs, keys.job_log(job_id), keys.job_events,
+         keys.starved_jobs, keys.webhooks, *keys.job_feed(level, tenant)],
+        [job_id, job_token(job_id), WIRE_VERSION, len(payloads), duration, window, level, meta_text, hook,
+         tenant or "", max_queue, keys.group],
         keys.job_inputs(job_id), duration,
     )
+
+
+def feed_args(keys: Keys, info: JobInfo) -> ScriptArgs:
+    """KEYS and ARGV of the JOB_FEED script for the job ``info`` describes."""
+    return {"keys": [keys.job(info.id), keys.job_inputs(info.id), keys.starved_jobs,
+                     *keys.job_feed(info.level, info.tenant)],
+            "args": [info.id, job_token(info.id), WIRE_VERSION, keys.group]}
 
 
 def cancel_keys(keys: Keys, job_id: str) -> list[str]:
@@ -364,26 +383,31 @@ def chunks(payloads: Sequence[bytes], size: int) -> Iterator[Sequence[bytes]]:
 # the sync client -------------------------------------------------------------------------
 
 class JobClient:
-    """Jobs of one prefix through a sync Redis client (``RedisStreamer.submit_job`` and ``.job``)."""
+    """Jobs of one prefix through a sync Redis client (``RedisStreamer.submit_job`` and ``.job``).
+
+    ``max_queue``: the bound of a job's level when the workers publish none (the streamer's).
+    """
 
     def __init__(self, client: RedisClient, keys: Keys, url: str, max_item_bytes: int,
-                 settings: JobSettings | None = None) -> None:
+                 settings: JobSettings | None = None, max_queue: int = 0) -> None:
         self.redis: Any = client  # redis-py types its replies loosely (bytes | str ...)
         self.keys = keys
         self.url = url
         self.max_item_bytes = max_item_bytes
+        self.max_queue = max_queue
         self.settings = settings or JobSettings.from_env()
         self._create = scripts(client).job_create
         self.feed_script = scripts(client).job_feed
         self.cancel_script = scripts(client).job_cancel
 
     def submit(self, items: Iterable[Any], ttl: float | None = None, priority: int | None = None,
-               meta: Any = None, window: int | None = None, webhook: str | None = None) -> Job:
+               meta: Any = None, window: int | None = None, webhook: str | None = None,
+               tenant: str | None = None) -> Job:
         """Store the items and feed the first window; see :meth:`RedisStreamer.submit_job`."""
         with broker_errors(self.url):
             levels = published_levels(self.redis, self.keys)
         job = prepare(self.keys, items, self.settings, self.max_item_bytes, ttl, priority, meta, window, webhook,
-                      levels)
+                      levels, tenant=tenant, max_queue=self.max_queue)
         with broker_errors(self.url):
             try:
                 self._upload(job)
@@ -508,10 +532,9 @@ class Job:
 
         The workers do this as they answer; calling it is never needed, only harmless.
         """
+        info = self.info()
         with broker_errors(self._jobs.url):
-            return int(self._jobs.feed_script(
-                keys=[self._keys.job(self.id), self._keys.job_inputs(self.id), self._keys.job_feed_stream(
-                    self.info().level)], args=[job_token(self.id), WIRE_VERSION]))
+            return max(0, int(self._jobs.feed_script(**feed_args(self._keys, info))))
 
     def wait(self, timeout: float | None = None) -> JobState:
         """Block until the job has finished (done, failed or cancelled) and return its state.

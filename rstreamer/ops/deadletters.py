@@ -18,6 +18,7 @@ from redis.typing import EncodableT, FieldT
 from ..broker.connection import RedisClient, StreamRows
 from ..codec import core as codec
 from ..errors import DecodeError
+from ..settings import check_timeout
 from ..wire.keys import Keys
 from ..wire.messages import DEADLINE, PAYLOAD, REMAINING
 
@@ -92,7 +93,8 @@ def payload_preview(raw: bytes | None) -> str:
 
 def replay(client: RedisClient, keys: Keys, letter_ids: list[str], timeout: float = 60.0) -> int:
     """Put dead letters back on the request stream of their priority level with ``timeout``
-    seconds to run; returns how many."""
+    seconds to run (at most MAX_TIMEOUT, a day; ConfigError otherwise); returns how many."""
+    timeout = check_timeout(timeout)
     letters = [(i, f) for i in letter_ids for _, f in cast(StreamRows, client.xrange(keys.dead, i, i, count=1))]
     if not letters:
         return 0

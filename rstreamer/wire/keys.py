@@ -69,6 +69,11 @@ def job_of_token(token: str) -> str | None:
     return match.group(1) if match else None
 
 
+def is_tenant(tenant: str) -> bool:
+    """True if ``tenant`` is a valid tenant name (a bucket key may be built for it)."""
+    return isinstance(tenant, str) and _TENANT.fullmatch(tenant) is not None
+
+
 def is_answer_token(token: str) -> bool:
     """True for a token an entry may carry: a caller's reply token or a job token."""
     return job_of_token(token) is not None or is_reply_token(token)
@@ -124,7 +129,7 @@ class Keys:
 
     def bucket(self, tenant: str) -> str:
         """The token bucket of one tenant's quota (a hash with a TTL)."""
-        if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+        if not is_tenant(tenant):
             raise ValueError(f"invalid tenant {tenant!r}")
         return self._key("bucket", tenant)
 
@@ -147,6 +152,12 @@ class Keys:
     def jobs(self) -> str:
         """Sorted set of the prefix's job ids, scored by their expiry (ms, Redis's clock)."""
         return self._key("jobs")
+
+    @property
+    def starved_jobs(self) -> str:
+        """Sorted set of the jobs whose feed their tenant's quota or their level's bound held back,
+        scored by when to feed them again (ms, Redis's clock); the workers feed them. Has a TTL."""
+        return self._key("starved-jobs")
 
     @property
     def job_events(self) -> str:
@@ -179,10 +190,13 @@ class Keys:
         """Stream of the indexes a job's answers came in, in completion order."""
         return self._key("job", _checked_job_id(job_id), "log")
 
-    def job_feed_stream(self, level: int | None) -> str:
-        """The request stream a job at priority ``level`` is fed into (None, a job of a version
-        that stored no level: level 0's stream, the only one of that version)."""
-        return self.requests_at(level or 0)
+    def job_feed(self, level: int | None, tenant: str | None) -> list[str]:
+        """The keys a job's feed reads and writes besides the job's own (lua/job_create.lua,
+        job_feed.lua, job_record.lua): the published levels and quotas, the keys of each level from 0 to the job's
+        ``level`` (their backlog counts in its bound; None, a job of a version that stored no
+        level: level 0) and the bucket of its ``tenant`` (None: none)."""
+        levels = [key for number in range((level or 0) + 1) for key in self.level_keys(number)]
+        return [self.levels, self.quotas, *levels, *([self.bucket(tenant)] if tenant else [])]
 
     def job_keys(self, job_id: str) -> list[str]:
         """Every key of one job (to expire or delete them together)."""

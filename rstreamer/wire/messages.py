@@ -48,6 +48,13 @@ this fraction of the call's timeout: a new item would wait about as long, and th
 REPLY_GRACE = 1.0
 """Seconds a reply outlives its caller's deadline (the caller's own clock started a bit earlier)."""
 
+MAX_DURATION_MS = 366 * 24 * 3600 * 1000
+"""The longest duration, in ms, that any Lua script accepts (remaining timeouts, TTLs;
+lua/include/checks.lua checks the same number before it writes anything), and so the longest a
+reply key lives (:func:`reply_ttl_ms`). It exceeds the clients' limits (settings.MAX_TIMEOUT,
+settings.MAX_JOB_TTL), so no client of this version ever meets it, and it keeps every number a
+script computes an integer Redis accepts."""
+
 _ENVELOPE = 1024  # bytes a reply message may need beyond its outputs (headers, indexes, errors)
 
 MAX_INDEX = 2**32 - 1
@@ -339,9 +346,10 @@ def pack_results(results: Iterable[tuple[int, Outcome[Any]]], version: int = WIR
 
 
 def reply_ttl_ms(floor: float, deadlines: Iterable[float], now: float) -> int:
-    """How long a reply key lives: until its last caller's deadline has passed, at least ``floor`` s."""
+    """How long a reply key lives: until its last caller's deadline has passed, at least ``floor``
+    s, at most MAX_DURATION_MS (what the FINISH script accepts)."""
     latest = max(deadlines, default=now)
-    return int(max(floor, latest - now + REPLY_GRACE) * 1000)
+    return min(MAX_DURATION_MS, int(max(floor, latest - now + REPLY_GRACE) * 1000))
 
 
 def _decode_output(item: Any, version: int, max_bytes: int) -> Outcome[Any]:

@@ -110,8 +110,8 @@ class RedisWorker:
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
                                       self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
         self._finish_script = scripts(self._redis).finish
-        # Items of durable jobs (rstreamer.jobs.sync); they ride the least urgent level by default.
-        self._jobs = JobSink(self._redis, self.keys, least_urgent=self.levels.count - 1)
+        # Items of durable jobs (rstreamer.jobs): admitted, recorded and fed (rstreamer.jobs.sink).
+        self._jobs = JobSink(self._redis, self.keys)
         # A thread: never blocks the model. It takes over the deliveries of dead workers as the
         # reclaimers take over their entries.
         self._webhooks = WebhookSender(self.url, self.keys, self.name, self.settings.webhooks,
@@ -256,6 +256,8 @@ class RedisWorker:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
+                # Jobs whose feed their quota or their level's bound held back (one ZRANGEBYSCORE).
+                self._jobs.pump(int(self._clock.now() * 1000))
             if self._lane is not None:
                 self._lane.step(self.settings.idle_block)
                 return

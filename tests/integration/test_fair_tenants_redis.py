@@ -129,3 +129,25 @@ def test_a_held_item_s_timeout_counts_the_time_it_was_held(redis_client, redis_u
     assert len(remaining) == 2
     assert remaining[0] > 29_000, "the first item went to the stream at once"
     assert remaining[1] <= 30_000 - 400, "the time held is taken off the second item's timeout"
+
+
+def test_a_withdrawn_call_gives_back_its_tenants_turns(redis_client, redis_url, prefix, workers, tmp_path):
+    """A tenant whose held call was withdrawn (cancelled, or timed out) is not charged for it: its
+    next call goes next, as a newcomer's does, not behind the turns of the items it withdrew."""
+    keys = serve_fairly(redis_client, prefix)
+    log = tmp_path / "runs.log"
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        hog = [streamer.submit([1000 + 10 * call + n for n in range(10)], tenant="hog") for call in range(4)]
+        gone = streamer.submit([5000 + n for n in range(30)], tenant="victim")
+        assert gone.cancel()
+        wait_until(lambda: redis_client.zcard(keys.level_keys(0)[1]) == 39, 10, what="the 30 held items withdrawn")
+        victim = streamer.submit([7], tenant="victim")
+        fresh = streamer.submit([8], tenant="fresh")
+        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)}, batch_size=1,
+                      settings=FAIR)
+        assert victim.result(timeout=30) == [14] and fresh.result(timeout=30) == [16]
+        assert [f.result(timeout=30) for f in hog] == [[2 * (1000 + 10 * c + n) for n in range(10)] for c in range(4)]
+    order = executions(log)
+    assert not any(n >= 5000 for n in order), "no withdrawn item ran"
+    # Charged for its 30 withdrawn items, the victim's item would run after 30 of the hog's.
+    assert order.index(7) < 4 and order.index(8) < 4, order

@@ -77,3 +77,18 @@ def test_generate_streams_events_and_cancels_on_disconnect(
                 break  # leaving the block closes the connection
     wait_until(lambda: pending(redis_client, prefix) == 0, 20, what="the abandoned generation cancelled")
     assert [name for name, _ in events(server, {"input": {"n": 2}})] == ["chunk", "chunk", "end"]
+
+
+def test_a_timeout_beyond_a_day_is_refused_and_queues_nothing(
+        server_kind: str, redis_url: str, prefix: str, workers: WorkerProcesses, web: WebServers,
+        redis_client: redis.Redis) -> None:
+    workers.start(prefix, model=TICKER, batch_size=1, settings={"tenant_sharing": "fair"})
+    server = SERVERS[server_kind](web, prefix)
+    for timeout in (1e15, 86401):
+        refused = server.client.post("/generate", json={"input": {"n": 3}, "timeout": timeout})
+        assert refused.status_code == 400, refused.text
+        assert "at most 86400" in refused.json()["error"]["message"]
+    keys = Keys(prefix)
+    assert not redis_client.exists(keys.dead) and not list(redis_client.scan_iter(f"rstreamer:{{{prefix}}}:stream:*"))
+    assert not redis_client.exists(*keys.level_keys(0)[1:]), "nothing held"
+    assert [name for name, _ in events(server, {"input": {"n": 2}, "timeout": 86400})] == ["chunk", "chunk", "end"]

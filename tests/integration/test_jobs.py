@@ -12,6 +12,7 @@ import pytest
 
 from rstreamer import (
     AsyncRedisStreamer,
+    ConfigError,
     EncodeError,
     InvalidJobId,
     JobNotFound,
@@ -103,6 +104,14 @@ def test_limits_and_bad_ids(redis_client, redis_url, prefix):
             streamer.submit_job([1, 2, object()])
         with pytest.raises(ValueError, match="ttl"):
             streamer.submit_job([1], ttl=0)
+        for ttl in (1e15, float("inf"), 30 * 24 * 3600 + 1):  # at most 30 days: a job's keys must expire
+            with pytest.raises(ValueError, match="at most 2592000"):
+                streamer.submit_job([1], ttl=ttl, meta="m" * 60_000)
+        with pytest.raises(ConfigError, match="invalid tenant"):
+            streamer.submit_job([1], tenant="no spaces")
+        for call in (streamer.predict, streamer.submit, streamer.stream):  # a call's timeout: at most a day
+            with pytest.raises(ConfigError, match="at most 86400"):
+                call([1], timeout=1e15)
         assert not list(redis_client.scan_iter(f"rstreamer:{{{prefix}}}:*"))  # nothing stored
         for bad in ["nope", "", "../x", "A" * 32]:
             with pytest.raises(InvalidJobId):

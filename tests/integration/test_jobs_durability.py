@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer
+from rstreamer.errors import DeadLettered
 from rstreamer.wire.keys import Keys
 from support import procs
 from support.polling import wait_until
@@ -153,3 +154,22 @@ def test_submitter_and_a_worker_killed_mid_job(redis_client, redis_url, prefix, 
             os.killpg(submitter.pid, signal.SIGKILL)
         submitter.wait(timeout=10)
         submitter.stdout.close()
+
+
+def test_a_job_keeps_its_level_after_a_dead_letter(redis_client, redis_url, prefix, workers):
+    """The worker that dead-letters a job's item (it never ran the job, so it learns its level from
+    the job, not from admitting it) feeds the next items to the job's own level, not the least
+    urgent one."""
+    keys = Keys(prefix)
+    settings = {"priorities": "2,1", "max_deliveries": 1}
+    first = workers.start(prefix, settings=settings)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        wait_until(lambda: streamer.levels().count == 2, timeout=30, what="the levels published")
+        job = streamer.submit_job(["kill", 1, 2, 3], priority=0, window=1)
+        assert first.wait(timeout=30) == 17  # the item "kill" ends the worker that runs it
+        workers.start(prefix, settings=settings)  # it dead-letters "kill", then feeds and runs the rest
+        assert job.wait(timeout=60) is JobState.FAILED
+        outputs = job.result(timeout=5)
+    assert outputs[1:] == [2, 4, 6] and isinstance(outputs[0], DeadLettered)
+    assert redis_client.xinfo_stream(keys.requests_at(1))["entries-added"] == 0, "nothing was fed to level 1"
+    assert redis_client.xinfo_stream(keys.requests)["entries-added"] == 4

@@ -89,6 +89,13 @@ def ask(model: str, content: str, **params: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0, **params}
 
 
+def job_of(fleet: Fleet, batch_id: str) -> Any:
+    """The durable job running a batch (its meta names the batch)."""
+    with RedisStreamer(fleet.url, fleet.chat) as streamer:
+        [job] = [info for info in streamer.jobs.list() if info.meta == {"openai_batch": batch_id}]
+    return job
+
+
 def finished(client: openai.OpenAI, batch_id: str, timeout: float = 300) -> Any:
     def done() -> Any:
         batch = client.batches.retrieve(batch_id)
@@ -117,8 +124,7 @@ def test_a_batch_from_file_upload_to_output_file(fleet: Fleet, server: str) -> N
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h", metadata={"run": server})
     assert batch.status == "in_progress" and batch.request_counts.total == 3
-    [job] = [info for info in RedisStreamer(fleet.url, fleet.chat).jobs.list() if info.meta == {"openai_batch":
-                                                                                               batch.id}]
+    job = job_of(fleet, batch.id)
     assert job.level == 1  # the least urgent of the workers' two levels
     done = finished(client, batch.id)
     assert done.status == "completed" and done.metadata == {"run": server}
@@ -206,6 +212,8 @@ def test_files_and_batches_belong_to_their_keys_tenant(fleet: Fleet) -> None:
     with pytest.raises(openai.NotFoundError):
         bob.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    job = job_of(fleet, batch.id)
+    assert job.tenant == "alice"  # the key's tenant: its quota and fair share apply as the items are fed
     with pytest.raises(openai.NotFoundError):
         bob.batches.retrieve(batch.id)
     assert [b.id for b in alice.batches.list()] == [batch.id] and list(bob.batches.list()) == []

@@ -85,6 +85,42 @@ def test_a_sampling_model_says_restarted(workers: WorkerProcesses, redis_url: st
     assert [c[0] for c in chunks[marker + 1:]] == list(range(6))
 
 
+def test_a_deterministic_restart_that_answers_differently_says_restarted(
+        workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
+    # The restarted run's chunks differ from those the caller has: it learns so (Restarted, then
+    # the new run from its first chunk), never a silent splice of two answers.
+    victim = workers.start(prefix, model=TICKER, init_kwargs={"kill_at": 3, "delay": 0.01, "tag": "a"})
+
+    def replace() -> None:
+        victim.wait(60)
+        workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.01, "tag": "b"})
+
+    replacer = threading.Thread(target=replace)
+    replacer.start()
+    with RedisStreamer(redis_url, prefix) as streamer:
+        chunks = list(streamer.stream({"n": 6}, timeout=60))
+    replacer.join(60)
+    marker = chunks.index(Restarted(3))
+    assert chunks[:marker] == [[0, 1, "a"], [1, 1, "a"], [2, 1, "a"]]
+    assert chunks[marker + 1:] == [[i, 1, "b"] for i in range(6)]
+
+
+def test_a_deterministic_restart_that_answers_the_same_resumes_silently(
+        workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
+    victim = workers.start(prefix, model=TICKER, init_kwargs={"kill_at": 3, "delay": 0.01, "tag": "a"})
+
+    def replace() -> None:
+        victim.wait(60)
+        workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.01, "tag": "a"})
+
+    replacer = threading.Thread(target=replace)
+    replacer.start()
+    with RedisStreamer(redis_url, prefix) as streamer:
+        chunks = list(streamer.stream({"n": 6}, timeout=60))
+    replacer.join(60)
+    assert chunks == [[i, 1, "a"] for i in range(6)]
+
+
 def test_an_item_that_keeps_killing_its_workers_is_dead_lettered(
         workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
     settings = {"max_deliveries": 2}

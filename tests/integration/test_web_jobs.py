@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from rstreamer.batching.quotas import Quotas
 from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import publish_quotas
 from support.polling import wait_until
 
 
@@ -64,3 +66,21 @@ def test_cancel_unknown_and_bad_requests(redis_client, prefix, workers, server):
     assert server.client.get(f"{url}?count=1001").status_code == 400
     assert server.client.get(f"{url}?start=x").status_code == 400
     assert not redis_client.exists(Keys(prefix).job_inputs(url.rsplit("/", 1)[1]))
+
+
+def test_a_job_takes_the_quota_of_its_x_tenant_and_a_ttl_is_bounded(redis_client, prefix, server):
+    keys = Keys(prefix)
+    publish_quotas(redis_client, keys, Quotas.parse(tenants="acme=1:3"))  # as the workers would
+    response = server.client.post("/jobs", json={"inputs": list(range(10))}, headers={"X-Tenant": "acme"})
+    assert response.status_code == 202, response.text
+    document = server.client.get(response.json()["status_url"]).json()
+    assert document["tenant"] == "acme" and document["total"] == 10
+    assert redis_client.xlen(keys.requests) == 3, "its tenant's burst; the rest waits for its quota"
+    bad_tenant = server.client.post("/jobs", json={"inputs": [1]}, headers={"X-Tenant": "a b"})
+    assert bad_tenant.status_code == 400 and "X-Tenant" in bad_tenant.json()["error"]["message"]
+    for ttl in (1e15, 2592001):
+        huge = server.client.post("/jobs", json={"inputs": [1], "ttl": ttl, "meta": "m" * 60_000})
+        assert huge.status_code == 400, huge.text
+        assert "at most 2592000 (30 days)" in huge.json()["error"]["message"]
+    hashes = [key for key in redis_client.scan_iter(f"rstreamer:{{{prefix}}}:job:*") if key.count(b":") == 3]
+    assert len(hashes) == 1, "a refused job stores nothing"

@@ -230,14 +230,17 @@ class Ticker(GenerativeModel):
     that step) for n steps; a step raises once any live item reaches its ``fail_at``; an item
     that is not a dict is refused at start. ``delay`` seconds per step; ``sampling`` makes the
     model non-deterministic; ``kill_at``: the process dies when any item reaches that step;
-    ``log``: a file where every item started is written, one ``repr`` a line."""
+    ``log``: a file where every item started is written, one ``repr`` a line; ``tag``, appended to
+    every chunk (``[i, live, tag]``): two workers with different tags claim to be deterministic but
+    answer differently, as batched float arithmetic can make a greedy model do."""
 
     def init_model(self, delay: float = 0.0, sampling: bool = False, kill_at: int | None = None,
-                   log: str | None = None) -> None:
+                   log: str | None = None, tag: Any = None) -> None:
         self.delay = delay
         self.deterministic = not sampling
         self.kill_at = kill_at
         self.log = log
+        self.tag = tag
         self.live: dict[int, list[Any]] = {}
 
     def start(self, items: Mapping[int, Any]) -> None:
@@ -260,7 +263,8 @@ class Ticker(GenerativeModel):
                 os._exit(17)
             self.live[key][1] = done + 1
             finished = done + 1 >= item["n"]
-            out[key] = Step([[done, len(self.live)]], finished)
+            chunk = [done, len(self.live)] if self.tag is None else [done, len(self.live), self.tag]
+            out[key] = Step([chunk], finished)
             if finished:
                 del self.live[key]
         return out

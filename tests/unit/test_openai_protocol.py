@@ -142,9 +142,11 @@ def test_an_error_a_retry_cannot_fix_says_do_not_retry(exc: BaseException, statu
 
 
 def test_the_chat_models_refusals_are_400s_naming_the_field() -> None:
-    context = as_openai(RemoteError("InvalidRequest", "this model's context is 8192 tokens, but 9000 were requested"))
+    context = as_openai(InvalidInput("this model's context is 8192 tokens, but 9000 were requested", 0))
     assert (context.status, context.code, context.param) == (400, "context_length_exceeded", "messages")
-    bad = as_openai(RemoteError("InvalidRequest", "'top_p' must be a number above 0 and at most 1, got 0", 0))
+    long = as_openai(InvalidInput("the prompt has 99999 characters: more than this model's context of 8192 tokens"))
+    assert long.code == "context_length_exceeded"
+    bad = as_openai(InvalidInput("'top_p' must be a number above 0 and at most 1, got 0", 0))
     assert (bad.status, bad.param, bad.message) == (400, "top_p", "'top_p' must be a number above 0 and at most 1, "
                                                                   "got 0")
 
@@ -302,7 +304,7 @@ def test_batch_lines_become_items_and_every_problem_is_listed_with_its_line() ->
 
 def test_outputs_keep_custom_ids_and_split_failures_into_the_error_file() -> None:
     answers = {0: JobItem(0, {"text": "ok", **FINAL}),
-               1: JobItem(1, error=RemoteError("InvalidRequest", "'temperature' must be a number from 0 to 2", 1))}
+               1: JobItem(1, error=InvalidInput("'temperature' must be a number from 0 to 2", 1))}
     outputs = batches.build_outputs("/v1/chat/completions", "m", ["a", "b", "c"], [], answers, "batch_cancelled")
     [ok] = [json.loads(raw) for raw in outputs.output.splitlines()]
     failed = [json.loads(raw) for raw in outputs.errors.splitlines()]

@@ -26,11 +26,11 @@ from .. import protocol
 
 Headers = dict[str, str]
 
-INVALID_INPUT_TYPES = frozenset({"InvalidInput", "InvalidRequest"})
-"""Remote error types of an input the model refuses (rstreamer's InvalidInput, the chat model's
-InvalidRequest): the request is wrong, a 400."""
-_CONTEXT = re.compile(r"context is \d+ tokens")
-"""How the chat model says a prompt plus max_tokens does not fit its context window."""
+INVALID_INPUT_TYPES = frozenset({"InvalidInput"})
+"""Remote error types of an input the model refuses (rstreamer's InvalidInput, which the chat model
+raises): the request is wrong, a 400."""
+_CONTEXT = re.compile(r"model's context (is|of) \d+ tokens")
+"""How the chat model says a prompt (plus max_tokens) does not fit its context window."""
 RETRY_AFTER_S = 1.0
 """When to retry a 503 that says no more (a full queue, no live worker yet, Redis away)."""
 _RETRYABLE = (Overloaded, NoLiveWorker)
@@ -70,7 +70,7 @@ def as_openai(exc: BaseException) -> OpenAIError:
     """The OpenAIError that answers ``exc`` (any error of a ``/v1`` route)."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, RemoteError) and exc.remote_type in INVALID_INPUT_TYPES:
+    if isinstance(exc, RemoteError) and (exc.remote_type in INVALID_INPUT_TYPES or exc.http_status == 400):
         return _refused_input(exc)
     status, rstreamer_type, message = protocol.describe(exc)
     if isinstance(exc, RemoteError):

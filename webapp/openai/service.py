@@ -34,7 +34,8 @@ class _Common:
         # Sync, for the store and /v1/models (the Starlette app calls them in a thread).
         self.redis = create_redis(config.redis_url)
         self.probe = create_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0)
-        self.store = BatchStore(self.redis, config.redis_url, config.openai, config.client.max_item_bytes)
+        self.store = BatchStore(self.redis, config.redis_url, config.openai, config.client.max_item_bytes,
+                                config.client.max_queue)
         self._lock = threading.Lock()
 
     def resolve(self, model: str) -> str:

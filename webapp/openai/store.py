@@ -29,11 +29,13 @@ class BatchStore:
     file or batch is visible to its owner alone (another's is a 404).
     """
 
-    def __init__(self, client: RedisClient, url: str, config: OpenAIConfig, max_item_bytes: int) -> None:
+    def __init__(self, client: RedisClient, url: str, config: OpenAIConfig, max_item_bytes: int,
+                 max_queue: int = 0) -> None:
         self.redis: Any = client  # redis-py types its replies loosely
         self.url = url
         self.config = config
         self.max_item_bytes = max_item_bytes
+        self.max_queue = max_queue  # the bound of a job's level when the workers publish none
         self.keys = Keys(config.openai_store)
         self.ttl_ms = int(config.openai_file_ttl * 1000)
         self._jobs: dict[str, JobClient] = {}
@@ -42,7 +44,8 @@ class BatchStore:
         """The job client of a model's prefix."""
         client = self._jobs.get(prefix)
         if client is None:
-            client = self._jobs[prefix] = JobClient(self.redis, Keys(prefix), self.url, self.max_item_bytes)
+            client = self._jobs[prefix] = JobClient(self.redis, Keys(prefix), self.url, self.max_item_bytes,
+                                                    max_queue=self.max_queue)
         return client
 
     # files ------------------------------------------------------------------------------------
@@ -114,8 +117,9 @@ class BatchStore:
         if lines.errors:
             return self._store_failed(record, lines.errors)
         # The least urgent level (priority None): batches fill the capacity interactive calls leave.
+        # The owner's quota and fair share apply as the items are fed (a tenant of None: none).
         job = self.jobs(record["prefix"]).submit(lines.items, ttl=self.config.openai_file_ttl,
-                                                 meta={"openai_batch": record["id"]})
+                                                 meta={"openai_batch": record["id"]}, tenant=owner)
         record.update(job_id=job.id, in_progress_at=created)
         fields = {"record": json.dumps(record), "custom_ids": json.dumps(lines.custom_ids)}
         if any(lines.base64):

@@ -6,20 +6,25 @@
 -- (XDEL: no worker will ever read it); one a worker holds is marked in the set, which the worker
 -- checks before predict (and FINISH, with '*', before replying). One script, so an entry is
 -- either deleted before any worker reads it or marked: never both, never neither. A held item (id
--- 'token:index', fair sharing) still held is deleted; one already moved to the stream is marked
--- (its stream id is not known here), so a worker that reads it skips it.
+-- 'token:index', fair sharing) still held is deleted, and its tenant's turns do not count it
+-- (withdraw); one already moved to the stream is marked (its stream id is not known here), so a
+-- worker that reads it skips it.
 -- Returns {entries deleted, then the indexes of the entries marked (held by a worker)}.
 --- @include "include/fair.lua"
-local group, ttl, whole, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local group, whole = ARGV[1], ARGV[3]
+local ttl = integer(ARGV[2], 1, MAX_MS, 'cancellation TTL (ms)')
+local n = integer(ARGV[4], 0, (#ARGV - 4) / 2, 'number of entries')
 local reply = {0}
+local withdrawn = {}
 for i = 1, n do
   local id, index = ARGV[4 + i], ARGV[4 + n + i]
   local held = not string.match(id, '^%d+%-%d+$')
   local pending = not held and redis.pcall('XPENDING', KEYS[2], group, id, id, 1)
   if held then
-    if redis.call('ZREM', KEYS[3], id) == 1 then
+    local tag = redis.call('ZSCORE', KEYS[3], id)
+    if tag and redis.call('ZREM', KEYS[3], id) == 1 then
       local record = redis.call('HGET', KEYS[4], id)
-      if record then release(KEYS[5], cmsgpack.unpack(record)[3]) end
+      if record then withdrawn[#withdrawn + 1] = {tonumber(tag), cmsgpack.unpack(record)[3]} end
       redis.call('HDEL', KEYS[4], id)
       reply[1] = reply[1] + 1
     else
@@ -33,6 +38,9 @@ for i = 1, n do
     reply[1] = reply[1] + redis.call('XDEL', KEYS[2], id)
   end
 end
+-- Latest first, so that a withdrawn call at the tail of its tenant's items gives back all its turns.
+table.sort(withdrawn, function(x, y) return x[1] > y[1] end)
+for _, item in ipairs(withdrawn) do withdraw(KEYS[5], item[2], item[1]) end
 if #reply > 1 then
   if whole == '1' then redis.call('SADD', KEYS[1], '*') end
   redis.call('PEXPIRE', KEYS[1], ttl)

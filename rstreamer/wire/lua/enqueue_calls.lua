@@ -9,7 +9,8 @@
 -- group, token, wire version, number of calls n, number of tenants t, then the t tenant names,
 -- then n quintuples (item count, remaining timeout in ms, deadline on the client's wall clock in
 -- ms, priority level, tenant number 1..t or 0 for none), then the payloads of every call in
--- order, then optionally one W3C traceparent per call ('' = none).
+-- order, then optionally one W3C traceparent per call ('' = none). Every number is checked
+-- before anything is written (a remaining timeout up to MAX_MS).
 -- Each call is checked as if it came alone, one after another, and added or refused on its own
 -- (a bulk call refused never refuses an urgent call coalesced after it). The reply is {n, then
 -- per call its reason, detail and limit, then the ids of the entries added, in order (a caller
@@ -24,98 +25,51 @@
 -- holds enough tokens, -1 when the call is larger than the burst; limit: the burst). Items are
 -- numbered across the calls, refused ones included (each call's answers go to its own offset).
 -- Counting the more urgent levels' backlog is what makes Overloaded hit the least urgent level
--- first. A token bucket (tokens, ms of the last refill) refills at rate items/s
--- up to burst; a call takes one token per item, only once every other check has passed. Check
--- and add are one script, so concurrent callers cannot overshoot. With fair sharing the items
--- are held (their ids are then 'token:index') and the backlog counts held items too.
---- @include "include/fair.lua"
-local max_queue, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
-local permille, group, token, version = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local calls, tenants = tonumber(ARGV[7]), tonumber(ARGV[8])
+-- first. A call takes one token per item of its tenant's bucket, only once every other check
+-- has passed. Check and add are one script, so concurrent callers cannot overshoot. With fair
+-- sharing the items are held (their ids are then 'token:index') and the backlog counts held
+-- items too.
+--- @include "include/admission.lua"
+local max_queue = integer(ARGV[1], 0, math.huge, 'max_queue')
+local max_bytes = integer(ARGV[2], 0, math.huge, 'max_queue_bytes')
+local permille, group, token, version = integer(ARGV[3], 0, 1000, 'admit wait'), ARGV[4], ARGV[5], ARGV[6]
+local calls, tenants = integer(ARGV[7], 0, #ARGV, 'number of calls'), integer(ARGV[8], 0, #KEYS, 'number of tenants')
 local streams = (#KEYS - 2 - tenants) / 4
-local function level_key(l, k) return KEYS[2 + tenants + 4 * (l - 1) + k] end
-local levels, bounds, fair = 1, {}, false
-local published = redis.call('GET', KEYS[1])
-if published then
-  local config = cjson.decode(published)
-  levels = #config['weights']
-  bounds = config['max_queue'] or {}
-  fair = config['fair'] == true
+local payload = 9 + tenants + 5 * calls
+-- Every call's numbers first: a call refused by these checks must not follow calls added.
+local last = payload - 1
+for c = 1, calls do
+  local at = 4 + tenants + 5 * c
+  last = last + integer(ARGV[at], 0, #ARGV, 'item count')
+  integer(ARGV[at + 1], 0, MAX_MS, 'remaining timeout (ms)')
+  integer(ARGV[at + 2], 0, 2 ^ 53, 'deadline (ms)')
+  integer(ARGV[at + 3], 0, math.huge, 'priority level')
+  integer(ARGV[at + 4], 0, tenants, 'tenant number')
 end
-local quotas = nil
-local published_quotas = redis.call('GET', KEYS[2])
-if published_quotas then quotas = cjson.decode(published_quotas) end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+integer(last, 0, #ARGV, 'number of payloads')
+local levels, bounds, fair = published_levels(KEYS[1])
+local quotas = published_quotas(KEYS[2])
+local now_ms = server_ms()
 local backlog, undelivered, age, queued_bytes = {}, {}, {}, 0
 for l = 1, streams do
-  local stream = level_key(l, 1)
-  backlog[l], age[l] = 0, 0
-  if redis.call('EXISTS', stream) == 1 then
-    backlog[l] = redis.call('XLEN', stream)
-    local first = '-'
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-      local info = {}
-      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-      if info['name'] == group then
-        backlog[l] = backlog[l] - info['pending']
-        first = '(' .. info['last-delivered-id']
-      end
-    end
-    if backlog[l] > 0 then
-      local head = redis.call('XRANGE', stream, first, '+', 'COUNT', 1)
-      if head[1] then age[l] = math.max(0, now_ms - tonumber(string.match(head[1][1], '^(%d+)'))) end
-    end
-    if max_bytes > 0 then queued_bytes = queued_bytes + redis.call('MEMORY', 'USAGE', stream, 'SAMPLES', 0) end
-  end
-  undelivered[l] = backlog[l]
-  if fair then
-    backlog[l] = backlog[l] + redis.call('ZCARD', level_key(l, 2))
-    local since = held_since(level_key(l, 2), level_key(l, 3))
-    if since then age[l] = math.max(age[l], now_ms - since) end
-    if max_bytes > 0 and since then
-      queued_bytes = queued_bytes + redis.call('MEMORY', 'USAGE', level_key(l, 3), 'SAMPLES', 0)
-    end
-  end
+  local lk, bytes = level_keys(3 + tenants, l), 0
+  backlog[l], undelivered[l], age[l], bytes = level_queue(lk, group, fair, max_bytes > 0, now_ms)
+  queued_bytes = queued_bytes + bytes
 end
--- A full fair level still admits a tenant holding less than an equal share of the bound (the
--- tenants holding items, itself included), up to twice the bound: a tenant that filled the level
--- does not shut the others out.
-local function under_share(l, tenant, size, ahead, limit)
-  local own, waiting = holding(level_key(l, 4), tenant > 0 and ARGV[8 + tenant] or '')
-  if own == 0 then waiting = waiting + 1 end
-  return own + size <= limit / math.max(1, waiting) and ahead + size <= 2 * limit
-end
--- tenant number -> {rate, burst, tokens} (tokens refilled to now), read once per script
+local function tenant_name(number) return number > 0 and ARGV[8 + number] or '' end
+-- tenant number -> its bucket (tokens refilled to now), read once per script
 local buckets = {}
 local function bucket(number)
-  if buckets[number] then return buckets[number] end
-  local name = ARGV[8 + number]
-  local rate, burst = 0, 0
-  if quotas then
-    local own = quotas['tenants'] and quotas['tenants'][name]
-    if own then rate, burst = tonumber(own[1]), tonumber(own[2])
-    else rate, burst = tonumber(quotas['rate']), tonumber(quotas['burst']) end
-  end
-  local b = {rate = rate, burst = burst, tokens = burst}
-  if rate > 0 then
-    local state = redis.call('HMGET', KEYS[2 + number], 'tokens', 'ms')
-    if state[1] then
-      local elapsed = math.max(0, now_ms - tonumber(state[2]))
-      b.tokens = math.min(burst, tonumber(state[1]) + elapsed * rate / 1000)
-    end
-  end
-  buckets[number] = b
-  return b
+  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[8 + number], KEYS[2 + number], now_ms)
+  return buckets[number]
 end
-local payload = 9 + tenants + 5 * calls
 local traced = payload
 for c = 1, calls do traced = traced + tonumber(ARGV[4 + tenants + 5 * c]) end
 local index = 0
 local reply, ids = {calls}, {}
 for c = 1, calls do
   local at = 4 + tenants + 5 * c
-  local size, remaining, deadline = tonumber(ARGV[at]), ARGV[at + 1], ARGV[at + 2]
+  local size, remaining, deadline = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), ARGV[at + 2]
   local level, tenant = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local tp = ARGV[traced + c - 1]
   local reason, detail, limit = 0, 0, 0
@@ -130,39 +84,25 @@ for c = 1, calls do
     elseif b.tokens < size then reason, detail, limit = 5, math.ceil((size - b.tokens) * 1000 / b.rate), b.burst end
   end
   if reason == 0 then
-    limit = tonumber(bounds[level + 1] or 0)
-    if limit <= 0 then limit = max_queue end
+    limit = level_bound(bounds, level + 1, max_queue)
     local ahead = 0
     for l = 1, level + 1 do ahead = ahead + backlog[l] end
-    if limit > 0 and ahead + size > limit and not (fair and under_share(level + 1, tenant, size, ahead, limit)) then
+    local lk = level_keys(3 + tenants, level + 1)
+    if room(lk[4], fair, tenant_name(tenant), ahead, limit, size) < size then
       reason, detail = 1, ahead
     elseif max_bytes > 0 and queued_bytes + bytes > max_bytes then reason, detail, limit = 2, queued_bytes, max_bytes
-    elseif age[level + 1] * 1000 > permille * tonumber(remaining) then reason, detail, limit = 3, age[level + 1], 0
+    elseif age[level + 1] * 1000 > permille * remaining then reason, detail, limit = 3, age[level + 1], 0
     else limit = 0 end
   end
   if reason == 0 then
-    if b then
-      b.tokens = b.tokens - size
-      redis.call('HSET', KEYS[2 + tenant], 'tokens', tostring(b.tokens), 'ms', now_ms)
-      redis.call('PEXPIRE', KEYS[2 + tenant], math.ceil(b.burst * 1000 / b.rate) + 1000)
-    end
-    local stream = level_key(level + 1, 1)
+    if b then take(b, size, now_ms) end
     local function fields_of(k)
-      local fields = {'v', version, 't', token, 'i', index + k, 'r', remaining, 'd', deadline, 'p', ARGV[payload + k]}
-      if tp and tp ~= '' then fields[13], fields[14] = 'tp', tp end
-      return fields
+      return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
     end
-    if fair then
-      local queue, items, clock = level_key(level + 1, 2), level_key(level + 1, 3), level_key(level + 1, 4)
-      hold(queue, items, clock, tenant > 0 and ARGV[8 + tenant] or '', token, index, fields_of, size, now_ms,
-           tonumber(remaining) + 60000)
-      for k = 0, size - 1 do ids[#ids + 1] = token .. ':' .. (index + k) end
-      if undelivered[level + 1] == 0 then
-        undelivered[level + 1] = promote(stream, queue, items, clock, 1, now_ms)
-      end
-    else
-      for k = 0, size - 1 do ids[#ids + 1] = redis.call('XADD', stream, '*', unpack(fields_of(k))) end
-    end
+    local added
+    added, undelivered[level + 1] = add(level_keys(3 + tenants, level + 1), fair, tenant_name(tenant), token, index,
+                                        size, fields_of, remaining, undelivered[level + 1], now_ms)
+    for _, id in ipairs(added) do ids[#ids + 1] = id end
     backlog[level + 1] = backlog[level + 1] + size
     queued_bytes = queued_bytes + bytes
   end

@@ -8,10 +8,23 @@
 -- Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse. A
 -- reply list whose token was withdrawn whole while the batch ran ('*' in its cancellation set)
 -- gets nothing: its caller is gone.
-local group, streams, letters = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local dead_len, dead_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
-local replies = (#KEYS - 1 - streams) / 2
+--- @include "include/checks.lua"
+local group = ARGV[1]
+local streams = integer(ARGV[2], 0, #KEYS - 1, 'number of request streams')
+local letters = integer(ARGV[3], 0, #ARGV, 'number of dead letters')
+local dead_len = integer(ARGV[4], 0, 2 ^ 53, 'dead-letter max length')
+local dead_bytes = integer(ARGV[5], 0, 2 ^ 53, 'dead-letter max bytes')
+local replies = integer((#KEYS - 1 - streams) / 2, 0, #KEYS, 'number of reply lists')
+-- Every count and TTL first: a reply is never pushed for a batch whose ack would then fail.
 local a = 6 + streams
+for _ = 1, replies do
+  integer(ARGV[a], 1, MAX_MS, 'reply TTL (ms)')
+  a = a + 2 + integer(ARGV[a + 1], 0, #ARGV, 'number of reply messages')
+end
+for _ = 1, letters do a = a + 1 + integer(ARGV[a], 0, #ARGV, 'number of dead-letter fields') end
+for s = 1, streams do a = a + integer(ARGV[5 + s], 0, #ARGV, 'number of acks') end
+integer(a - 1, 0, #ARGV, 'number of arguments')
+a = 6 + streams
 for k = 2 + streams, 1 + streams + replies do
   local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
   if redis.call('SISMEMBER', KEYS[k + replies], '*') == 0 then

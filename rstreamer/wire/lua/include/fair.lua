@@ -1,16 +1,17 @@
+--- @include "include/checks.lua"
 -- Fair sharing between tenants of one level (``--tenant-sharing fair``; docs/priority.md).
 -- Each level then has, beside its stream, a sorted set of held items (member: the item's id
 -- 'token:index', score: its start tag in virtual time), a hash of their entries (member ->
--- msgpack {held at ms, {field, value, ...}}) and a hash of virtual clocks ('~': the tag of the
--- last item promoted; per tenant, '' for calls without one: the tag after its last item; '#' and
--- the tenant: its items held; '*': the tenants with items held). This is
+-- msgpack {held at ms, {field, value, ...}, tenant}) and a hash of virtual clocks ('~': the tag
+-- of the last item promoted; per tenant, '' for calls without one: the tag after its last item;
+-- '#' and the tenant: its items held; '*': the tenants with items held). This is
 -- start-time fair queueing: a tenant's next item starts at max(clock, its own finish tag), so
 -- every tenant with items waiting gets one item in turn, a newcomer goes next, and each tenant's
 -- items keep their order. Items move to the stream, fairest first, when a worker reads the level
 -- (READ_LEVELS) and, one, when a call arrives while the stream has nothing undelivered, which
--- wakes workers blocked on the stream.
--- Hold count items of one call; the three keys live until the latest held item's deadline has
--- passed (ttl ms), so a prefix nobody serves any more forgets them.
+-- wakes workers blocked on the stream. A job's items are held and moved the same way.
+-- Hold count items of one call or job; the three keys live until the latest held item's
+-- deadline has passed (ttl ms), so a prefix nobody serves any more forgets them.
 local function hold(queue, items, clock, tenant, token, first, fields_of, count, now_ms, ttl)
   local start = math.max(tonumber(redis.call('HGET', clock, '~') or '0'),
                          tonumber(redis.call('HGET', clock, tenant) or '0'))
@@ -31,6 +32,18 @@ local function release(clock, tenant)
     redis.call('HDEL', clock, '#' .. tenant)
     redis.call('HINCRBY', clock, '*', -1)
   end
+end
+-- A held item of tenant, of start tag tag, was withdrawn (its caller cancelled or timed out):
+-- the tenant's turns must not count it (issue 22 #10). A tenant's calls take consecutive tags in
+-- order, so when the item was the tenant's last one (its finish tag is the item's tag + 1) the
+-- finish tag goes back to the item's; called for the withdrawn items latest first, a withdrawn
+-- call at the tail of the tenant's items gives all its turns back. A tenant left holding
+-- nothing forgets its finish tag: its items that ran were promoted, so their turns are past,
+-- and its next call starts at the current turn, as a newcomer's.
+local function withdraw(clock, tenant, tag)
+  release(clock, tenant)
+  if not redis.call('HGET', clock, '#' .. tenant) then redis.call('HDEL', clock, tenant)
+  elseif tonumber(redis.call('HGET', clock, tenant) or '-1') == tag + 1 then redis.call('HSET', clock, tenant, tag) end
 end
 -- The items tenant holds, and how many tenants hold items.
 local function holding(clock, tenant)

@@ -1,0 +1,124 @@
+--- @include "include/fair.lua"
+-- What a call's admission and a job's feed share (ENQUEUE_CALLS, and feed in include/job.lua): the
+-- levels and quotas the workers published, a level's queue, its bound, a tenant's token bucket,
+-- the layout of a request entry and how items are added to a level. A job's items are admitted
+-- by the same rules as a call's, a window at a time (docs/jobs.md).
+-- The levels the workers published (JSON {weights, max_queue, fair}; absent: one level, as
+-- before priority levels): their number, their bounds, and whether they are shared fairly.
+local function published_levels(key)
+  local published = redis.call('GET', key)
+  if not published then return 1, {}, false end
+  local config = cjson.decode(published)
+  return #config['weights'], config['max_queue'] or {}, config['fair'] == true
+end
+-- The tenant quotas the workers published (JSON {rate, burst, tenants}), or nil for none.
+local function published_quotas(key)
+  local published = redis.call('GET', key)
+  return published and cjson.decode(published)
+end
+-- The bound of level l (1 = level 0): its published max_queue, else the caller's (0: none).
+local function level_bound(bounds, l, max_queue)
+  local limit = tonumber(bounds[l] or 0)
+  if limit <= 0 then limit = max_queue end
+  return limit
+end
+-- One level's queue (lk: its stream, held-item queue, held items, clocks): the items waiting
+-- (held ones included with fair sharing), the items undelivered on its stream, the age in ms
+-- of the oldest waiting one, and the bytes they take (counted only when count_bytes).
+local function level_queue(lk, group, fair, count_bytes, now_ms)
+  local backlog, age, bytes = 0, 0, 0
+  if redis.call('EXISTS', lk[1]) == 1 then
+    backlog = redis.call('XLEN', lk[1])
+    local first = '-'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', lk[1])) do
+      local info = {}
+      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+      if info['name'] == group then
+        backlog = backlog - info['pending']
+        first = '(' .. info['last-delivered-id']
+      end
+    end
+    if backlog > 0 then
+      local head = redis.call('XRANGE', lk[1], first, '+', 'COUNT', 1)
+      if head[1] then age = math.max(0, now_ms - tonumber(string.match(head[1][1], '^(%d+)'))) end
+    end
+    if count_bytes then bytes = redis.call('MEMORY', 'USAGE', lk[1], 'SAMPLES', 0) end
+  end
+  local undelivered = backlog
+  if fair then
+    backlog = backlog + redis.call('ZCARD', lk[2])
+    local since = held_since(lk[2], lk[3])
+    if since then age = math.max(age, now_ms - since) end
+    if count_bytes and since then bytes = bytes + redis.call('MEMORY', 'USAGE', lk[3], 'SAMPLES', 0) end
+  end
+  return backlog, undelivered, age, bytes
+end
+-- How many of need items tenant may add to a level whose bound is limit, with ahead items
+-- waiting on it and the more urgent levels (clock: the level's clocks). A full fair level
+-- still admits a tenant holding less than an equal share of the bound (the tenants holding
+-- items, itself included), up to twice the bound: a tenant that filled the level does not shut
+-- the others out.
+local function room(clock, fair, tenant, ahead, limit, need)
+  if limit <= 0 then return need end
+  local free = limit - ahead
+  if fair and free < need then
+    local own, waiting = holding(clock, tenant)
+    if own == 0 then waiting = waiting + 1 end
+    free = math.max(free, math.min(math.floor(limit / math.max(1, waiting)) - own, 2 * limit - ahead))
+  end
+  return math.max(0, math.min(need, free))
+end
+-- The token bucket at key of tenant name: {rate, burst, tokens refilled to now}; rate 0 when
+-- the tenant has no quota. A bucket (tokens, ms of the last refill) refills at rate items/s up
+-- to burst.
+local function bucket_of(quotas, name, key, now_ms)
+  local rate, burst = 0, 0
+  if quotas then
+    local own = quotas['tenants'] and quotas['tenants'][name]
+    if own then rate, burst = tonumber(own[1]), tonumber(own[2])
+    else rate, burst = tonumber(quotas['rate']), tonumber(quotas['burst']) end
+  end
+  local b = {rate = rate, burst = burst, tokens = burst, key = key}
+  if rate > 0 then
+    local state = redis.call('HMGET', key, 'tokens', 'ms')
+    if state[1] then
+      local elapsed = math.max(0, now_ms - tonumber(state[2]))
+      b.tokens = math.min(burst, tonumber(state[1]) + elapsed * rate / 1000)
+    end
+  end
+  return b
+end
+-- Take n tokens of bucket b; the bucket lives as long as it takes to fill again.
+local function take(b, n, now_ms)
+  b.tokens = b.tokens - n
+  redis.call('HSET', b.key, 'tokens', tostring(b.tokens), 'ms', now_ms)
+  redis.call('PEXPIRE', b.key, math.min(MAX_MS, math.ceil(b.burst * 1000 / b.rate) + 1000))
+end
+-- The fields of one request entry, as messages.py documents them (tp: a W3C traceparent, or
+-- nil or '' for none).
+local function entry_fields(version, token, index, remaining, deadline, payload, tp)
+  local fields = {'v', version, 't', token, 'i', index, 'r', remaining, 'd', deadline, 'p', payload}
+  if tp and tp ~= '' then fields[13], fields[14] = 'tp', tp end
+  return fields
+end
+-- Add count items of one call or job (fields_of(k): the entry of its k-th item, numbered from
+-- first) to a level (lk as for level_queue): with fair sharing held, ids 'token:index', and
+-- when the stream has nothing undelivered one moves to it at once, which wakes the workers;
+-- otherwise onto the stream. Returns the ids added and the level's undelivered count after.
+local function add(lk, fair, tenant, token, first, count, fields_of, remaining, undelivered, now_ms)
+  local ids = {}
+  if fair then
+    hold(lk[2], lk[3], lk[4], tenant, token, first, fields_of, count, now_ms, remaining + 60000)
+    for k = 0, count - 1 do ids[#ids + 1] = token .. ':' .. (first + k) end
+    if undelivered == 0 then undelivered = promote(lk[1], lk[2], lk[3], lk[4], 1, now_ms) end
+  else
+    for k = 0, count - 1 do ids[#ids + 1] = redis.call('XADD', lk[1], '*', unpack(fields_of(k))) end
+    undelivered = undelivered + count
+  end
+  return ids, undelivered
+end
+-- The four keys of level l (1 = level 0) in KEYS, the first level's starting at KEYS[at].
+local function level_keys(at, l)
+  local k = at + 4 * (l - 1)
+  return {KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]}
+end

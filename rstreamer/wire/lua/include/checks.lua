@@ -1,0 +1,23 @@
+-- Checks every script makes before it writes anything (issue 22). A Lua error does not roll back
+-- the writes made before it, so a script that failed half-way left half a state (a job hash
+-- without a TTL, an item held for a call its caller was told was refused). And Lua hands a number
+-- to a Redis command in the shortest form that reads back the same, "1e+17" from 1e17 on, which
+-- PEXPIRE and XADD's ids refuse: a script must never compute such a number. So every duration a
+-- script takes is an integer number of ms up to MAX_MS, checked first, and what it computes from
+-- them (the server's ms plus a duration, about 1.8e12) stays a plain integer.
+-- The longest duration (ms) any script accepts: 366 days (wire.messages.MAX_DURATION_MS). The
+-- clients and web apps refuse much less (settings.MAX_TIMEOUT, settings.MAX_JOB_TTL).
+local MAX_MS = 31622400000
+-- value as an integer from low to high; otherwise the script stops with an error, before it writes.
+local function integer(value, low, high, what)
+  local n = tonumber(value)
+  if not n or n ~= math.floor(n) or n < low or n > high then
+    error(redis.error_reply('ERR rstreamer: invalid ' .. what .. ': ' .. string.sub(tostring(value), 1, 40)))
+  end
+  return n
+end
+-- The server's time in ms.
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
