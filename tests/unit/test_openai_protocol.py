@@ -253,6 +253,10 @@ def test_settings_take_only_digests_and_never_echo_a_key(tmp_path: Any) -> None:
         OpenAIConfig(openai_models="noequals")
     with pytest.raises(ConfigError):
         OpenAIConfig(openai_models_only=True)
+    for bad in ({"openai_timeout": 0}, {"openai_timeout": 10**9}, {"openai_file_ttl": 10**9},
+                {"openai_file_max_bytes": 0}, {"openai_store": "a b"}):
+        with pytest.raises(ConfigError):
+            OpenAIConfig(**bad)  # type: ignore[arg-type]
 
 
 def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

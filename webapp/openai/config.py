@@ -8,7 +8,7 @@ from typing import Any
 
 from rstreamer.batching.quotas import check_tenant
 from rstreamer.errors import ConfigError
-from rstreamer.settings import EnvSettings, parse_seconds
+from rstreamer.settings import MAX_JOB_TTL, EnvSettings, check_timeout, parse_seconds
 from rstreamer.wire.keys import validate_prefix
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -90,12 +90,15 @@ class OpenAIConfig(EnvSettings):
         object.__setattr__(self, "models", parse_models(self.openai_models))
         object.__setattr__(self, "keys", self._load_keys())
         object.__setattr__(self, "openai_store", validate_prefix(self.openai_store))
-        if not self.openai_timeout > 0:
-            raise ConfigError(f"openai_timeout must be > 0, got {self.openai_timeout!r}")
+        try:
+            check_timeout(self.openai_timeout)
+        except ConfigError as exc:
+            raise ConfigError(f"openai_timeout: {exc}") from None
         if self.openai_file_max_bytes < 1:
             raise ConfigError(f"openai_file_max_bytes must be > 0, got {self.openai_file_max_bytes!r}")
-        if not 0 < self.openai_file_ttl <= 30 * 24 * 3600:
-            raise ConfigError(f"openai_file_ttl must be > 0 and at most 30 days, got {self.openai_file_ttl!r}")
+        if not 0 < self.openai_file_ttl <= MAX_JOB_TTL:  # the batches' jobs live as long
+            raise ConfigError(f"openai_file_ttl must be > 0 and at most {MAX_JOB_TTL:.0f} s (30 days), "
+                              f"got {self.openai_file_ttl!r}")
         if self.openai_models_only and not self.models:
             raise ConfigError("openai_models_only is set but openai_models names no model")
 

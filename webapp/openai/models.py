@@ -12,7 +12,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
@@ -24,7 +23,7 @@ from rstreamer.wire.published import live_workers, read_workers
 
 from ..gate import Heartbeats, WorkerGate
 from .config import OpenAIConfig
-from .errors import not_found
+from .errors import OpenAIError, not_found
 
 LIST_TTL = 2.0
 """Seconds one web process reuses its ``/v1/models`` answer (a SCAN of the keyspace)."""
@@ -125,5 +124,5 @@ class ModelDirectory:
         return int(min((s for s in started if isinstance(s, (int, float))), default=now_ms / 1000))
 
 
-def _unknown(name: str) -> Any:
+def _unknown(name: str) -> OpenAIError:
     return not_found(f"The model '{name}' does not exist or no worker serves it.", "model_not_found", "model")
