@@ -148,7 +148,7 @@ def distributions_of(requirements: list[str]) -> set[str]:
 
 
 # What a demo run imports: the demo and bench tools, the core, the web app, the models they serve.
-DEMO_SOURCES = ["rstreamer/**/*.py", "rstreamer_tools/*.py", "webapp/*.py",
+DEMO_SOURCES = ["rstreamer/**/*.py", "rstreamer_tools/*.py", "webapp/**/*.py",
                 "workers/embedding.py", "workers/decoder.py", "workers/echo.py", "workers/transformer.py"]
 # Imported only where a feature asks for it, and installed with that feature's extra.
 OPTIONAL = {"opentelemetry": "tracing: RSTREAMER_TRACING=1, the otel extra",
