@@ -6,6 +6,8 @@
 #   make lint: that, plus ruff, mypy, import-linter and what mypy reads (OpenTelemetry): -e .[demo,otel,lint]
 #   make test: that demo install, plus the test tools, OpenTelemetry and uwsgi, which builds from
 #              source (needs a C compiler): -e .[demo,otel,test,uwsgi,llm]
+#   and the system tools the tests drive (chromium, prometheus, wrk, libfaketime...:
+#   tests/tools/install.sh, apt-get; quiet when they are there)
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
 # torch==2.13.0 is the CUDA build (gigabytes of NVIDIA libraries).
 VENV ?= .venv
@@ -25,7 +27,7 @@ export PIP_FIND_LINKS ?= /opt/wheels
 endif
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-tools mutation lint bench clean
 LINT_PATHS := rstreamer rstreamer_tools webapp workers tests
 
 $(DEMO_STAMP): setup.cfg pyproject.toml
@@ -47,7 +49,11 @@ $(LINT_STAMP): $(DEMO_STAMP)
 	$(PIP) install -e ".[demo,otel,lint]"
 	touch $@
 
-$(TEST_STAMP): $(DEMO_STAMP)
+# Every run: quiet when every tool is there; installs what is missing (root, apt-get).
+test-tools:
+	@sh tests/tools/install.sh
+
+$(TEST_STAMP): $(DEMO_STAMP) | test-tools
 	@echo "==> the test tools, OpenTelemetry and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
 	$(PIP) install -e ".[demo,otel,test,uwsgi,llm]"
 	touch $@
@@ -58,8 +64,21 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/rstreamer demo $(DEMO_ARGS)
 	$(VENV)/bin/rstreamer demo --generate
 
-test: $(TEST_STAMP)
+test: test-tools $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Not part of `make test` (minutes): each feature tests/mutation/run.py removes, in a scratch
+# copy, must fail the tests that name it; then mutmut over the pure cores ([mutmut] in setup.cfg;
+# results kept in mutants/, so a second run re-checks only what changed) and its score.
+MUTATION_STAMP := $(VENV)/.installed-mutation
+$(MUTATION_STAMP): $(TEST_STAMP)
+	$(PIP) install -q -e ".[demo,otel,test,uwsgi,llm,mutation]"
+	touch $@
+
+mutation: test-tools $(MUTATION_STAMP)
+	$(PY) tests/mutation/run.py
+	$(VENV)/bin/mutmut run --max-children $$(nproc)
+	$(PY) tests/mutation/score.py
 
 # ruff, mypy and import-linter (the layer contracts) read their settings from pyproject.toml; all three
 # come with the [lint] extra.

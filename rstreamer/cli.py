@@ -42,6 +42,7 @@ commands:
   bench    benchmarks (bench cost: cost-aware batching; bench stream: continuous batching and streaming;
            bench llm: the same with a real chat model)
   dashboard  live page of queues, workers and dead letters (--help for options)
+  exporter   queue metrics of every prefix (depth, waits, drain time, live workers) for Prometheus
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost
   jobs     durable jobs: list, show, cancel, purge (--help for options)
   dead     dead letters: list, show, replay, purge (--help for options)
@@ -474,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, Callable[[list[str]], int]] = {
         "demo": partial(tool_main, "demo"), "status": status_main, "bench": bench_main,
         "chaos": partial(tool_main, "chaos"),
-        "dashboard": _dashboard_main, "jobs": _jobs_main, "dead": _dead_main,
+        "dashboard": _dashboard_main, "exporter": _exporter_main, "jobs": _jobs_main, "dead": _dead_main,
         "forget": _forget_main,
     }
     if command not in commands:
@@ -498,6 +499,12 @@ def _dead_main(argv: list[str]) -> int:
     from .ops.admin import dead_main
 
     return dead_main(argv)
+
+
+def _exporter_main(argv: list[str]) -> int:
+    from .ops.exporter import main as exporter_main
+
+    return exporter_main(argv)
 
 
 def _forget_main(argv: list[str]) -> int:

@@ -19,11 +19,12 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from rstreamer import BrokerUnavailable, RedisStreamer
 from rstreamer.broker.connection import RedisClient, create_redis
+from rstreamer.ops.metrics import outcome_of
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import read_workers
 
-from . import jobs, metrics, protocol, sse
-from .config import WebConfig
+from . import jobs, metrics, multiproc, protocol, sse
+from .config import WebConfig, cold_start_wait
 from .gate import WorkerGate
 
 T = TypeVar("T", covariant=True)  # only produced: a PerProcess[Redis] is a PerProcess[object]
@@ -69,6 +70,7 @@ def create_app(config: WebConfig | None = None) -> Flask:
     """The Flask app, configured by ``config`` (default: ``WebConfig.from_env()``)."""
     config = config or WebConfig.from_env()
     config.announce("rstreamer web app (Flask)")
+    multiproc.check("rstreamer web app (Flask)")
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body
     streamer = PerProcess(lambda: RedisStreamer(config.redis_url, config.prefix, settings=config.client))
@@ -109,7 +111,8 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
     def readyz() -> Response:
         try:
             now_ms, workers = read_workers(probe.get(), keys)
-            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix)
+            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix,
+                                              cold_start_wait(config))
         except (redis.RedisError, BrokerUnavailable) as exc:  # a Cluster client fails when created
             status, body = protocol.unready(exc, config.prefix)
         return Response(body, status, mimetype=protocol.JSON)
@@ -182,9 +185,12 @@ def _body(req: Request, config: WebConfig) -> bytes:
 
 
 def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> bytes:
-    call = protocol.parse_call(req.content_type, _body(req, config), req.headers)
-    check_workers()
-    with metrics.calls().track(config.prefix, len(call.inputs)):
+    # Counted from the start: a refusal (a malformed or oversized body, no live worker) is a call
+    # that failed, which the error-ratio alert must see.
+    with metrics.calls().track(config.prefix, 0) as tracked:
+        call = protocol.parse_call(req.content_type, _body(req, config), req.headers)
+        tracked.add_items(len(call.inputs))
+        check_workers()
         outputs = streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
     return protocol.outputs_body(outputs)
 
@@ -196,9 +202,11 @@ def _generate(req: Request, config: WebConfig, streamer: RedisStreamer, check_wo
         check_workers()
         stream = streamer.stream(call.item, call.timeout, priority=call.priority, tenant=call.tenant)
     except Exception as exc:
+        metrics.calls().count(config.prefix, outcome_of(exc))
         status, body, headers = protocol.error_reply(exc)
         metrics.count_response("/generate", status)
         return Response(body, status, headers, mimetype=protocol.JSON)
+    metrics.calls().count(config.prefix, "ok")
     metrics.count_response("/generate", 200)
     return Response(sse.sync_events(stream), 200, sse.HEADERS, mimetype=sse.SSE)
 

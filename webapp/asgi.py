@@ -22,12 +22,13 @@ from starlette.routing import Route
 
 from rstreamer import AsyncRedisStreamer, Cancelled
 from rstreamer.broker.connection import create_async_redis
+from rstreamer.ops.metrics import outcome_of
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import parse_read_workers
 from rstreamer.wire.scripts import scripts
 
-from . import jobs, metrics, protocol, sse
-from .config import WebConfig, settings_or_exit
+from . import jobs, metrics, multiproc, protocol, sse
+from .config import WebConfig, cold_start_wait, settings_or_exit
 from .gate import WorkerGate
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
     setting stops the server with one line, see :func:`webapp.config.settings_or_exit`)."""
     config = config or settings_or_exit("rstreamer web app (ASGI)")
     config.announce("rstreamer web app (ASGI)")
+    multiproc.check("rstreamer web app (ASGI)")
     keys = Keys(config.prefix)
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
 
@@ -73,16 +75,19 @@ def create_app(config: WebConfig | None = None) -> Starlette:
                                                        tenant=call.tenant)
             await stream.__aenter__()
         except Exception as exc:
+            metrics.calls().count(config.prefix, outcome_of(exc))
             status, body, headers = protocol.error_reply(exc)
             metrics.count_response("/generate", status)
             return Response(body, status, headers, media_type=protocol.JSON)
+        metrics.calls().count(config.prefix, "ok")
         metrics.count_response("/generate", 200)
         return StreamingResponse(sse.async_events(stream), 200, sse.HEADERS, media_type=sse.SSE)
 
     async def readyz(request: Request) -> Response:
         try:
             now_ms, workers = await _read_workers(request.app.state.probe, keys)
-            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix)
+            status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix,
+                                              cold_start_wait(config))
         except redis.RedisError as exc:
             status, body = protocol.unready(exc, config.prefix)
         return Response(body, status, media_type=protocol.JSON)
@@ -101,10 +106,13 @@ def create_app(config: WebConfig | None = None) -> Starlette:
 
 
 async def _predict(request: Request, config: WebConfig) -> bytes:
-    body = await _read_body(request, config.max_body)
-    call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
-    await _check_workers(request.app.state, Keys(config.prefix))
-    with metrics.calls().track(config.prefix, len(call.inputs)):
+    # Counted from the start: a refusal (a malformed or oversized body, no live worker) is a call
+    # that failed, which the error-ratio alert must see.
+    with metrics.calls().track(config.prefix, 0) as tracked:
+        body = await _read_body(request, config.max_body)
+        call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
+        tracked.add_items(len(call.inputs))
+        await _check_workers(request.app.state, Keys(config.prefix))
         predict = request.app.state.streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
         outputs = await _unless_disconnected(request, predict)
     return protocol.outputs_body(outputs)

@@ -92,3 +92,10 @@ def _ensure_log_handler() -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [web pid %(process)d] %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+
+
+def cold_start_wait(config: WebConfig) -> float:
+    """Seconds a call waits, enqueued, for a worker when none is live: the clients' setting
+    ``cold_start_wait`` (``RSTREAMER_COLD_START_WAIT``, issue 22), 0 where the clients do not have
+    it. ``/readyz`` reports ready without a live worker when it is set."""
+    return float(getattr(config.client, "cold_start_wait", 0.0))

@@ -5,7 +5,14 @@ or through ``GUNICORN_CMD_ARGS``; the app itself reads ``RSTREAMER_*`` (docs/web
 """
 import os
 import sys
+from pathlib import Path
 from typing import Any
+
+try:
+    from webapp import multiproc
+except ImportError:  # a checkout that is not installed, run from elsewhere
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from webapp import multiproc
 
 wsgi_app = "webapp.app:create_app()"
 bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000")
@@ -23,14 +30,27 @@ keepalive = 5
 # would fight over; the app has no use for it.
 control_socket_disable = True
 
+# Prometheus multiprocess mode, set up here: gunicorn reads this file in the master before the app
+# (or prometheus-client) is imported, and the workers it forks inherit the directory. /metrics then
+# adds up every worker process (webapp/multiproc.py).
+_metrics_dir, _created_metrics_dir = multiproc.prepare()
+
+
+def on_exit(server: Any) -> None:
+    """Remove this master's metrics directory."""
+    multiproc.cleanup(_metrics_dir, _created_metrics_dir)
+
 
 def on_starting(server: Any) -> None:  # gunicorn's Arbiter (untyped)
     """Refuse to start, in one line and before any worker forks, when a setting of the app is
     invalid: workers that fail to build the app would only end the server with a traceback, and a
-    broker URL that is not Redis's would fail every request."""
+    broker URL that is not Redis's would fail every request. Then say where the metrics of every
+    worker process are added up."""
     from webapp.config import settings_or_exit
 
     settings_or_exit("rstreamer web app (gunicorn)")
+    if _metrics_dir is not None:
+        server.log.info("Prometheus multiprocess metrics in %s", _metrics_dir)
 
 
 def post_fork(server: Any, worker: Any) -> None:  # gunicorn's Arbiter and Worker (untyped)
@@ -42,7 +62,4 @@ def post_fork(server: Any, worker: Any) -> None:  # gunicorn's Arbiter and Worke
 
 def child_exit(server: Any, worker: Any) -> None:
     """Drop a dead worker's live gauges from the multiprocess metrics directory."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(worker.pid)
+    multiproc.worker_exited(worker.pid)

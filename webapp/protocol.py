@@ -43,6 +43,11 @@ class HTTPError(Exception):
         self.status = status
         self.error_type = error_type
 
+    @property
+    def http_status(self) -> int:
+        """The status, under the name rstreamer's errors give it (metrics read the outcome from it)."""
+        return self.status
+
 
 def http_error(status: int, message: str) -> HTTPError:
     """An error named after its status: 404 is ``NotFound``, 405 ``MethodNotAllowed``."""
@@ -224,11 +229,20 @@ def _describe(exc: BaseException) -> tuple[int, str, str]:
     return 500, "InternalServerError", "internal error"
 
 
-def readiness(now_ms: int, workers: dict[str, dict[str, Any]], dead_after: float, prefix: str) -> tuple[int, bytes]:
-    """200 when at least one worker heart-beat on ``prefix`` within ``dead_after`` seconds, else 503."""
+def readiness(now_ms: int, workers: dict[str, dict[str, Any]], dead_after: float, prefix: str,
+              cold_start_wait: float = 0.0) -> tuple[int, bytes]:
+    """200 when at least one worker heart-beat on ``prefix`` within ``dead_after`` seconds, else 503.
+
+    With a cold-start wait (``cold_start_wait`` > 0) the app is ready without a live worker: a call
+    then waits, enqueued, for one to start (an autoscaler wakes the fleet from zero on that very
+    item), so a fleet at zero must not take the web pods out of their Service.
+    """
     live = len(live_workers(now_ms, workers, int(dead_after * 1000)))
     if live:
         return 200, dumps({"ready": True, "prefix": prefix, "live_workers": live})
+    if cold_start_wait > 0:
+        return 200, dumps({"ready": True, "prefix": prefix, "live_workers": 0,
+                           "cold_start": f"calls wait up to {cold_start_wait:g}s for a worker to start"})
     return 503, dumps({"ready": False, "prefix": prefix, "live_workers": 0,
                        "reason": f"no live worker serves prefix {prefix!r}"})
 

@@ -11,6 +11,7 @@ registry the usual way (``prometheus_client.make_wsgi_app()``).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,8 +32,10 @@ from prometheus_client.registry import Collector
 from ..batching.batcher import BatchStats
 from ..errors import (
     BrokerUnavailable,
+    CallTooLarge,
     Cancelled,
     CodecError,
+    NoLiveWorker,
     Overloaded,
     RateLimited,
     RemoteError,
@@ -179,23 +182,48 @@ class WorkerMetrics(WorkerHooks):
             self._server = None
 
 
+OUTCOMES = ("ok", "timeout", "overloaded", "cancelled", "rate_limited", "too_large", "no_worker", "unavailable",
+            "model_error", "invalid", "error")
+"""The ``outcome`` label of ``rstreamer_client_requests_total`` (bounded): every call ends in one,
+refusals included, so the error-ratio alert sees them all."""
+
+_OUTCOME_OF_STATUS = {400: "invalid", 413: "too_large", 429: "rate_limited", 503: "unavailable", 504: "timeout"}
+
+
 def outcome_of(exc: BaseException) -> str:
-    """The ``outcome`` label of a call that raised ``exc``."""
+    """The ``outcome`` label of a call that raised ``exc``: by its class, else by its ``http_status``
+    (a web app's own refusals: a body over the limit, a malformed request)."""
     for kind, label in ((StreamerTimeout, "timeout"), (Overloaded, "overloaded"), (Cancelled, "cancelled"),
-                        (RateLimited, "rate_limited"),
+                        (RateLimited, "rate_limited"), (CallTooLarge, "too_large"), (NoLiveWorker, "no_worker"),
                         (BrokerUnavailable, "unavailable"), (RemoteError, "model_error"), (CodecError, "invalid")):
         if isinstance(exc, kind):
             return label
-    return "error"
+    status = getattr(exc, "http_status", None)
+    return _OUTCOME_OF_STATUS.get(status, "error") if isinstance(status, int) else "error"
+
+
+class TrackedCall:
+    """A call being counted by :meth:`ClientMetrics.track`; its items may be added once known
+    (a web request's, after its body is parsed)."""
+
+    def __init__(self, metrics: ClientMetrics, prefix: str) -> None:
+        self._metrics = metrics
+        self._prefix = prefix
+        self.items = 0
+
+    def add_items(self, items: int) -> None:
+        """Count ``items`` more items sent (and in flight until the call ends)."""
+        self.items += items
+        self._metrics.items.labels(self._prefix).inc(items)
+        self._metrics.in_flight.labels(self._prefix).inc(items)
 
 
 class ClientMetrics:
     """Calls of a web process: a counter by prefix and outcome, items sent, latency of answered calls."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (ok, timeout, overloaded, cancelled, "
-                                "rate_limited, unavailable, model_error, invalid, error).", ["prefix", "outcome"],
-                                registry=registry)
+        self.requests = Counter("rstreamer_client_requests", "Calls, by outcome (" + ", ".join(OUTCOMES) + ").",
+                                ["prefix", "outcome"], registry=registry)
         self.items = Counter("rstreamer_client_items", "Items sent.", ["prefix"], registry=registry)
         self.latency = Histogram("rstreamer_client_request_seconds", "Seconds from submit to the last answer "
                                  "of calls that succeeded.", ["prefix"], buckets=SECONDS_BUCKETS, registry=registry)
@@ -206,22 +234,30 @@ class ClientMetrics:
                                 registry=registry)
 
     @contextlib.contextmanager
-    def track(self, prefix: str, items: int = 1) -> Iterator[None]:
-        """Count the call made inside the block and time it; exceptions pass through."""
+    def track(self, prefix: str, items: int = 1) -> Iterator[TrackedCall]:
+        """Count the call made inside the block and time it; exceptions pass through.
+
+        Whatever the block raises is counted by its outcome: a web app opens the block before it
+        parses a request, so that its refusals (a malformed or oversized body, no live worker)
+        count as calls too, and adds the items once known (:meth:`TrackedCall.add_items`)."""
         started = time.perf_counter()
-        self.items.labels(prefix).inc(items)
-        in_flight = self.in_flight.labels(prefix)
-        in_flight.inc(items)
+        call = TrackedCall(self, prefix)
+        if items:
+            call.add_items(items)
         try:
             with observing_wakeup(self.wakeup.labels(prefix).observe):
-                yield
+                yield call
         except BaseException as exc:
             self.requests.labels(prefix, outcome_of(exc)).inc()
             raise
         finally:
-            in_flight.dec(items)
+            self.in_flight.labels(prefix).dec(call.items)
         self.requests.labels(prefix, "ok").inc()
         self.latency.labels(prefix).observe(time.perf_counter() - started)
+
+    def count(self, prefix: str, outcome: str) -> None:
+        """Count one call that ended in ``outcome`` without being timed (a stream that opened)."""
+        self.requests.labels(prefix, outcome).inc()
 
     def predict(self, streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:
         """``streamer.predict(batch, timeout)``, counted and timed."""
@@ -249,11 +285,16 @@ def client_metrics() -> ClientMetrics:
 
 
 class QueueCollector(Collector):
-    """Gauges of every prefix's queue as some process sees it in Redis (``rstreamer dashboard`` does).
+    """Gauges of every prefix's queue as some process sees it in Redis (``rstreamer exporter`` and
+    ``rstreamer dashboard`` do).
 
     ``read`` returns rows like the dashboard's state: prefix, queue_length, pending, dead_letters,
-    oldest_wait_s and workers. These gauges come from Redis, not from a worker, so "no live
-    worker" can still be reported when every worker is gone.
+    oldest_wait_s, workers, and optionally levels (with ``drain_s``) and drain. These gauges come
+    from Redis, not from a worker, so "no live worker" can still be reported when every worker is
+    gone. ``error`` returns why the last read of Redis failed (None: it did not): then only
+    ``rstreamer_queue_redis_up 0`` is exported, never the last values as if they were current, so
+    alerts on these series see their source gone. ``drain_target``: the drain time the workers are
+    scaled to (``RSTREAMER_DRAIN_TARGET``), exported per prefix for the board and the alerts.
     """
 
     GAUGES = {
@@ -265,17 +306,30 @@ class QueueCollector(Collector):
         "live_workers": ("rstreamer_queue_live_workers", "Workers whose heartbeat is live."),
     }
 
-    def __init__(self, read: Callable[[], list[dict[str, Any]]]) -> None:
-        self.read = read
-
     LEVEL_GAUGES = {
         "queue_length": ("rstreamer_queue_level_length", "Entries of one priority level waiting, not yet delivered."),
         "oldest_wait_s": ("rstreamer_queue_level_oldest_wait_seconds", "Age of the oldest entry of one priority "
                           "level not yet delivered (Redis server clock)."),
+        "drain_s": ("rstreamer_queue_drain_seconds", "Expected seconds to drain one priority level's entries "
+                    "(waiting and pending): their cost (items times the mean cost per item) divided by the "
+                    "live workers' measured capacity; +Inf while entries wait and no live worker drains them."),
     }
+
+    def __init__(self, read: Callable[[], list[dict[str, Any]]], error: Callable[[], str | None] | None = None,
+                 drain_target: float | None = None) -> None:
+        self.read = read
+        self.error = error or (lambda: None)
+        self.drain_target = drain_target
 
     def collect(self) -> Iterable[Metric]:
         """The current values, read when Prometheus scrapes."""
+        up = GaugeMetricFamily("rstreamer_queue_redis_up", "1 when the last read of Redis succeeded, 0 when it "
+                               "failed (then no rstreamer_queue_* series is exported).")
+        failed = self.error() is not None
+        up.add_metric([], 0.0 if failed else 1.0)
+        yield up
+        if failed:
+            return
         rows = self.read()
         for field, (name, documentation) in self.GAUGES.items():
             family = GaugeMetricFamily(name, documentation, labels=["prefix"])
@@ -287,8 +341,26 @@ class QueueCollector(Collector):
             family = GaugeMetricFamily(name, documentation, labels=["prefix", "level"])
             for row in rows:
                 for level in row.get("levels") or []:
-                    family.add_metric([row["prefix"], str(level["level"])], float(level[field]))
+                    value = level.get(field, 0.0)
+                    family.add_metric([row["prefix"], str(level["level"])], math.inf if value is None else value)
             yield family
+        yield from self._capacity(rows)
+
+    def _capacity(self, rows: list[dict[str, Any]]) -> Iterable[Metric]:
+        capacity = GaugeMetricFamily("rstreamer_queue_capacity_items_per_second", "Items per second the live "
+                                     "workers of a prefix drain together at their measured pace (absent: unknown).",
+                                     labels=["prefix"])
+        for row in rows:
+            rate = (row.get("drain") or {}).get("items_per_s")
+            if rate is not None:
+                capacity.add_metric([row["prefix"]], float(rate))
+        yield capacity
+        if self.drain_target is not None:
+            target = GaugeMetricFamily("rstreamer_queue_drain_target_seconds", "The drain time the workers are "
+                                       "scaled to keep (RSTREAMER_DRAIN_TARGET).", labels=["prefix"])
+            for row in rows:
+                target.add_metric([row["prefix"]], self.drain_target)
+            yield target
 
 
 def instrumented_predict(streamer: Any, batch: list[Any], timeout: float | None = None) -> list[Any]:

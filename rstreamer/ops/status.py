@@ -11,6 +11,8 @@ default), so a 1 s window is a coarse, recent rate, not an average since start.
 from __future__ import annotations
 
 import difflib
+import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +26,10 @@ from ..errors import PrefixInUse
 from ..wire.keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
 from ..wire.published import live_workers, published_levels, read_workers
 from ..wire.scripts import scripts
+from .pace import PACE_FIELD, Capacity, added_counts, drain_seconds, fleet_capacity, pace_of, quantile_ms
 
 _WORKER_COUNTERS = ("batches", "items", "errors", "expired", "reclaimed", "dead_lettered", "cancelled")
+_SLOT_FIELDS = ("slot", "supervisor", "restarts", "last_exit", "last_exit_at")
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,18 @@ class Snapshot:
     dead_letters: int
     workers: dict[str, dict[str, Any]]
     levels: tuple[LevelDepth, ...] = ()
+    pace: dict[str, Any] | None = None  # the prefix's remembered pace per worker (rstreamer.ops.pace)
 
     @property
     def queue_length(self) -> int:
         """Entries not yet delivered: acked entries are XDELed, so XLEN counts waiting plus pending."""
         return max(0, self.stream_length - self.pending)
+
+    def capacity(self, dead_after: float) -> Capacity | None:
+        """What the live workers drain per second together (None: no live worker, or no pace known)."""
+        live = live_workers(self.now_ms, self.workers, int(dead_after * 1000))
+        remembered = pace_of(self.pace) if self.pace else None
+        return fleet_capacity([pace_of(self.workers[name].get(PACE_FIELD)) for name in sorted(live)], remembered)
 
 
 def take_snapshots(client: RedisClient, prefixes: list[str]) -> list[Snapshot]:
@@ -82,10 +93,11 @@ def take_snapshots(client: RedisClient, prefixes: list[str]) -> list[Snapshot]:
         for level in range(level_set.count):
             pipe.xpending(keys.requests_at(level), keys.group)
         pipe.xlen(keys.dead)
+        pipe.get(keys.pace)
     replies = pipe.execute(raise_on_error=False)
     snapshots, at = [], 0
     for prefix, beats, level_depths in zip(prefixes, heartbeats, depths, strict=True):
-        count = len(level_depths) + 1
+        count = len(level_depths) + 2
         snapshots.append(_snapshot(prefix, beats, level_depths, replies[at:at + count]))
         at += count
     return snapshots
@@ -102,7 +114,7 @@ def _depths(client: RedisClient, keys: Keys, levels: Levels) -> tuple[LevelDepth
 
 def _snapshot(prefix: str, heartbeats: tuple[int, dict[str, dict[str, Any]]], levels: tuple[LevelDepth, ...],
               replies: list[Any]) -> Snapshot:
-    *pendings, dead = replies
+    *pendings, dead, pace = replies
     by_consumer: dict[str, int] = {}
     for pending in pendings:
         if is_nogroup(pending):
@@ -116,15 +128,42 @@ def _snapshot(prefix: str, heartbeats: tuple[int, dict[str, dict[str, Any]]], le
         raise dead
     now_ms, workers = heartbeats
     return Snapshot(Keys(prefix).prefix, now_ms, sum(d.stream_length for d in levels), sum(d.pending for d in levels),
-                    by_consumer, int(dead), workers, levels)
+                    by_consumer, int(dead), workers, levels, _pace_json(pace))
 
 
-def level_rows(snapshot: Snapshot) -> list[dict[str, Any]]:
-    """One object per priority level: weight, depth (held items included, and apart), pending and the
-    wait of its oldest undelivered entry (s)."""
+def _pace_json(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, (bytes, str)):
+        return None  # none published (or an error reading it: the pace of the live workers still counts)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def level_rows(snapshot: Snapshot, capacity: Capacity | None = None) -> list[dict[str, Any]]:
+    """One object per priority level: weight, depth (held items included, and apart), pending, the
+    wait of its oldest undelivered entry (s), and the expected time to drain its entries, waiting
+    and pending, at ``capacity`` (``drain_s``; None: a backlog that no live worker drains)."""
     return [{"level": d.level, "weight": d.weight, "queue_length": d.queue_length, "held": d.held, "pending": d.pending,
-             "oldest_wait_s": round(max(0, snapshot.now_ms - d.oldest_ms) / 1000, 3) if d.oldest_ms else 0.0}
+             "oldest_wait_s": round(max(0, snapshot.now_ms - d.oldest_ms) / 1000, 3) if d.oldest_ms else 0.0,
+             "drain_s": _finite(drain_seconds(d.queue_length + d.pending, capacity))}
             for d in snapshot.levels]
+
+
+def _finite(seconds: float) -> float | None:
+    """Seconds for JSON (which has no infinity): None for an unbounded wait."""
+    return None if math.isinf(seconds) else round(seconds, 3)
+
+
+def drain_report(snapshot: Snapshot, dead_after: float) -> dict[str, Any]:
+    """The expected drain time of the whole prefix (``seconds``; None: a backlog that no live
+    worker drains) and the capacity it is measured against (None: unknown)."""
+    capacity = snapshot.capacity(dead_after)
+    backlog = snapshot.queue_length + snapshot.pending
+    return {"seconds": _finite(drain_seconds(backlog, capacity)), "backlog": backlog,
+            "items_per_s": round(capacity.items_per_s, 2) if capacity else None,
+            "cost_per_item": round(capacity.cost_per_item, 3) if capacity else None}
 
 
 def _text(value: Any) -> str:
@@ -141,6 +180,10 @@ def worker_rows(snapshot: Snapshot, dead_after: float) -> list[dict[str, Any]]:
         row.update({counter: int(info.get(counter, 0)) for counter in _WORKER_COUNTERS})
         row["pending"] = snapshot.pending_by_consumer.get(name, 0)
         row["cost_cap"] = info.get("cost_cap")  # learned from out-of-memory errors; None: none
+        # From its supervisor (rstreamer-worker): its slot, and how often that slot's worker was replaced.
+        row.update({field: info.get(field) for field in _SLOT_FIELDS})
+        row["started"] = info.get("started")
+        row["items_per_busy_s"] = pace_of(info.get(PACE_FIELD)).items_per_s
         rows.append(row)
     return rows
 
@@ -159,6 +202,28 @@ def throughput(before: Snapshot, after: Snapshot, dead_after: float) -> dict[str
             rates[counter] += max(0, new.get(counter, 0) - old.get(counter, 0)) / seconds
     return {"items_per_s": round(rates["items"], 2), "batches_per_s": round(rates["batches"], 2),
             "window_s": round((after.now_ms - before.now_ms) / 1000, 3)}
+
+
+def pace_report(before: Snapshot, after: Snapshot, dead_after: float) -> dict[str, Any]:
+    """What the live workers of ``after`` did since ``before``: per item, queue wait and latency
+    (XADD to the reply in Redis) p50/p99 in ms (None: no item), and the mean batch size against the
+    largest batch they are configured for."""
+    live = live_workers(after.now_ms, after.workers, int(dead_after * 1000))
+    pairs = [(before.workers.get(name) or {}, after.workers[name]) for name in sorted(live)]
+    paces = [(pace_of(old.get(PACE_FIELD)), pace_of(new.get(PACE_FIELD))) for old, new in pairs]
+    wait = added_counts((old.wait, new.wait) for old, new in paces)
+    latency = added_counts((old.latency, new.latency) for old, new in paces)
+    items = sum(max(0, int(new.get("items", 0)) - int(old.get("items", 0))) for old, new in pairs)
+    batches = sum(max(0, int(new.get("batches", 0)) - int(old.get("batches", 0))) for old, new in pairs)
+    limits = [new.batch_size for _, new in paces if new.batch_size]
+    return {"window_s": round((after.now_ms - before.now_ms) / 1000, 3),
+            "wait_p50_ms": _ms(quantile_ms(wait, 0.5)), "wait_p99_ms": _ms(quantile_ms(wait, 0.99)),
+            "latency_p50_ms": _ms(quantile_ms(latency, 0.5)), "latency_p99_ms": _ms(quantile_ms(latency, 0.99)),
+            "batch_mean": round(items / batches, 2) if batches else None, "batch_limit": max(limits, default=None)}
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def prefix_status(
@@ -181,7 +246,8 @@ def prefix_status(
         "queue_length": last.queue_length,
         "pending": last.pending,
         "dead_letters": last.dead_letters,
-        "levels": level_rows(last),
+        "drain": drain_report(last, dead_after),
+        "levels": level_rows(last, last.capacity(dead_after)),
         "workers": workers,
         "throughput": throughput(first, last, dead_after) if interval > 0 else None,
     }
@@ -227,13 +293,14 @@ def prefix_state(live: int, waiting: int) -> str:
 
 
 def all_prefixes_status(client: RedisClient, dead_after: float) -> list[dict[str, Any]]:
-    """A one-line summary of every prefix, with its :func:`prefix_state`."""
+    """A one-line summary of every prefix, with its :func:`prefix_state` and its expected drain time."""
     rows = []
     for s in take_snapshots(client, list_prefixes(client)):
         live = len(live_workers(s.now_ms, s.workers, int(dead_after * 1000)))
         rows.append({"prefix": s.prefix, "queue_length": s.queue_length, "pending": s.pending,
                      "dead_letters": s.dead_letters, "live_workers": live,
-                     "state": prefix_state(live, s.queue_length + s.pending)})
+                     "state": prefix_state(live, s.queue_length + s.pending),
+                     "drain_s": drain_report(s, dead_after)["seconds"]})
     return rows
 
 
@@ -246,11 +313,13 @@ def format_prefix_status(status: dict[str, Any]) -> str:
         f"pending       {status['pending']}  (delivered to a worker, not yet acked)",
         f"dead letters  {status['dead_letters']}",
     ]
+    if status.get("drain"):
+        lines.append(f"drain time    {format_drain(status['drain'])}")
     levels = status.get("levels") or []
     if len(levels) > 1:
         lines.append("levels        " + "; ".join(
             f"{row['level']} (weight {row['weight']}): {row['queue_length']} waiting, {row['pending']} pending, "
-            f"oldest {row['oldest_wait_s']:.3f}s" for row in levels))
+            f"oldest {row['oldest_wait_s']:.3f}s, drain {_seconds(row.get('drain_s'))}" for row in levels))
     rate = status.get("throughput")
     if rate:
         lines.append(f"throughput    {rate['items_per_s']:.1f} items/s, {rate['batches_per_s']:.1f} batches/s "
@@ -261,12 +330,28 @@ def format_prefix_status(status: dict[str, Any]) -> str:
     return "\n".join(lines + ([""] + _table(columns, rows) if rows else []))
 
 
+def format_drain(drain: dict[str, Any]) -> str:
+    """The drain line of ``rstreamer status``: how long the backlog takes, at what pace."""
+    if not drain["backlog"]:
+        return "0s (nothing waiting)"
+    if drain["seconds"] is None:
+        return f"unbounded: {drain['backlog']} items wait and no live worker drains them"
+    cost = drain["cost_per_item"]
+    per_item = f", mean cost {cost:g} per item" if cost and cost != 1 else ""
+    return f"{drain['seconds']:.1f}s for {drain['backlog']} items at {drain['items_per_s']:.1f} items/s{per_item}"
+
+
+def _seconds(value: float | None) -> str:
+    return "unbounded" if value is None else f"{value:.1f}s"
+
+
 def format_all_prefixes(summaries: list[dict[str, Any]]) -> str:
     """The summaries of :func:`all_prefixes_status` as a table."""
     if not summaries:
         return "no prefixes (no request stream found)"
-    columns = ("prefix", "state", "queue_length", "pending", "dead_letters", "live_workers")
-    lines = _table(columns, [[_cell(s.get(c)) for c in columns] for s in summaries])
+    columns = ("prefix", "state", "queue_length", "pending", "dead_letters", "live_workers", "drain_s")
+    rows = [[_cell(s.get(c)) if c != "drain_s" else _drain_cell(s) for c in columns] for s in summaries]
+    lines = _table(columns, rows)
     if any(s.get("state") == "idle" for s in summaries):
         lines.append(f"\nidle: {_STATE_NOTES['idle']}")
     return "\n".join(lines)
@@ -276,6 +361,14 @@ _STATE_NOTES = {
     "idle": "no live worker and nothing queued; `rstreamer forget PREFIX` deletes a prefix nobody uses",
     "unserved": "items wait and no live worker serves them",
 }
+
+
+def _drain_cell(summary: dict[str, Any]) -> str:
+    if "drain_s" not in summary:
+        return "-"
+    if summary["drain_s"] is None:
+        return "unbounded"
+    return f"{summary['drain_s']:.1f}"
 
 
 def _cell(value: Any) -> str:

@@ -115,6 +115,12 @@ class Keys:
         """The per-tenant quotas the workers publish (JSON, see rstreamer.batching.quotas); has a TTL."""
         return self._key("quotas")
 
+    @property
+    def pace(self) -> str:
+        """The pace of one worker of the prefix as its workers last measured it (JSON, see
+        rstreamer.ops.pace): counts workers that have not run a batch yet; has a TTL."""
+        return self._key("pace")
+
     def bucket(self, tenant: str) -> str:
         """The token bucket of one tenant's quota (a hash with a TTL)."""
         if not is_tenant(tenant):

@@ -1,5 +1,6 @@
 """What workers publish for everyone else to read: their priority levels and tenant quotas (read
-by the ENQUEUE script and the clients) and their heartbeats in ``rstreamer:{p}:workers``, stamped
+by the ENQUEUE script and the clients), the pace one of them runs at (read by ``rstreamer status``
+and the exporter) and their heartbeats in ``rstreamer:{p}:workers``, stamped
 with the Redis server's clock (read by clients, web apps, reclaim and ``rstreamer status``).
 Writers: :mod:`rstreamer.worker.levelsource` and :mod:`rstreamer.worker.liveness`.
 """
@@ -36,6 +37,23 @@ def publish_quotas(client: RedisClient, keys: Keys, quotas: Quotas) -> None:
     """Tell the ENQUEUE script the tenants' quotas (none configured: nothing written)."""
     if quotas.enabled:
         client.set(keys.quotas, quotas.to_json(), ex=LEVELS_TTL_S)
+
+
+def publish_pace(client: RedisClient, keys: Keys, pace: dict[str, float] | None) -> None:
+    """Remember the pace one worker of the prefix runs at (see rstreamer.ops.pace); None: not
+    measured yet, nothing written."""
+    if pace:
+        client.set(keys.pace, json.dumps(pace), ex=LEVELS_TTL_S)
+
+
+def published_pace(client: RedisClient, keys: Keys) -> dict[str, Any] | None:
+    """The pace per worker the workers of ``keys`` last published, or None."""
+    raw = client.get(keys.pace)
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def published_levels(client: RedisClient, keys: Keys) -> Levels:

@@ -26,7 +26,8 @@ from ..errors import FailureKind
 from ..jobs.sink import JobSink
 from ..jobs.webhooks import WebhookSender
 from ..model.managed import ModelSpec, Predictor, load_predictor, model_costing
-from ..ops.hooks import WorkerHooks
+from ..ops.hooks import ChainedHooks, WorkerHooks
+from ..ops.pace import PACE_FIELD, PaceRecorder
 from ..settings import WorkerSettings, redis_url_from_env
 from ..wire.groups import ensure_group, ensure_groups
 from ..wire.keys import Keys
@@ -39,7 +40,7 @@ from ..wire.messages import (
     reply_ttl_ms,
     reply_version,
 )
-from ..wire.published import live_workers, publish_levels, publish_quotas, read_workers
+from ..wire.published import live_workers, publish_levels, publish_pace, publish_quotas, read_workers
 from ..wire.scripts import scripts
 from .beater import Beater
 from .generative_lane import GenerativeLane, LaneIO, Pushes, model_of
@@ -130,11 +131,30 @@ class RedisWorker:
         self._hint = self._batcher.hint
         self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
         self._lane: GenerativeLane | None = None  # set when the model is a GenerativeModel
+        # Always measured and published in the heartbeat (rstreamer.ops.pace): the drain time and
+        # the dashboard's latencies come from it, with or without a metrics endpoint.
+        self._pace = PaceRecorder()
+        self._observers = ChainedHooks(self._pace)
+        self._publishing_pace = True
         self.hooks = WorkerHooks()  # metrics (rstreamer.ops.metrics.WorkerMetrics) replace the no-op
+        self.slot_info: dict[str, Any] = {}
+        """What the supervisor tells about this worker's slot (slot, restarts, crashes, last exit),
+        published in the heartbeat."""
+
+    @property
+    def hooks(self) -> WorkerHooks:
+        """The worker's observers (metrics, tracing); its pace is measured besides them."""
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: WorkerHooks) -> None:
+        self._hooks = hooks
+        self._observers = ChainedHooks(self._pace, hooks)
 
     def _info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
-                "started": self._started, **asdict(self.stats)}
+                "started": self._started, **asdict(self.stats), **self.slot_info,
+                PACE_FIELD: self._pace.published()}
 
     # lifecycle -----------------------------------------------------------------------
 
@@ -184,7 +204,7 @@ class RedisWorker:
             # A generative model is stepped by the lane (continuous batching), batch_size
             # sequences at most: see rstreamer.worker.generative_lane.
             io = LaneIO(self._parsed.fetch, self._finish, self._malformed, self._poisoned, self._jobs.admit,
-                        self._clock.now, hooks=lambda: self.hooks, observe=lambda: self.observe)
+                        self._clock.now, hooks=lambda: self._observers, observe=lambda: self.observe)
             self._lane = GenerativeLane(generative, self._redis, self.keys, io, self.stats, self.policy.batch_size,
                                         self.settings.max_batch_cost or None, self.settings.reply_ttl)
         cost, oom_errors = model_costing(predict)
@@ -276,10 +296,12 @@ class RedisWorker:
             self._back_off(f"unexpected error {type(exc).__name__}: {exc}")
 
     def _run(self, batch: list[Parsed], costs: list[int]) -> None:
-        self.hooks.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
-                                 [parsed.level for parsed in batch])
+        self._observers.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
+                                      [parsed.level for parsed in batch])
+        self._pace.ran_cost(sum(costs))
         self._process_guarded(batch, costs)
-        self.hooks.batch_done()
+        self._observers.batch_done()
+        self._beater.tick()  # the batch's pace, not only its start, reaches the heartbeat
 
     def _process_guarded(self, batch: list[Parsed], costs: list[int]) -> None:
         """:meth:`_process`, where an unexpected error dead-letters the entry that causes it:
@@ -327,13 +349,22 @@ class RedisWorker:
         now_ms, workers = read_workers(self._redis, self.keys)
         self._clock.observe(now_ms, sent, time.monotonic())
         self._publish()  # refreshes their TTL
-        self.hooks.server_time(now_ms)
+        self._observers.server_time(now_ms)
         self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
 
     def _publish(self) -> None:
-        """Tell clients the priority levels and tenant quotas this worker serves."""
+        """Tell clients the priority levels and tenant quotas this worker serves, and readers the
+        pace it runs at (see rstreamer.ops.pace)."""
         publish_levels(self._redis, self.keys, self.levels)
         publish_quotas(self._redis, self.keys, self.quotas)
+        if self._publishing_pace:
+            try:
+                publish_pace(self._redis, self.keys, self._pace.remembered())
+            except redis.exceptions.NoPermissionError as exc:
+                # A worker whose ACL covers only its stream, heartbeats and dead letters: its pace
+                # still travels in its heartbeat; the prefix's memory of it is the others' to keep.
+                self._publishing_pace = False
+                logger.warning("worker %s: may not publish its pace (%s); it leaves it to the others", self.name, exc)
 
     def _back_off(self, reason: str) -> None:
         logger.warning("worker %s: %s; retrying in 1s", self.name, reason)

@@ -65,13 +65,16 @@ class WorkerSpec:
     metrics_host: str = "127.0.0.1"
 
 
-def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded: Any = None) -> None:
+def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded: Any = None,
+                        slot_info: dict[str, Any] | None = None) -> None:
     """Entry point of one worker process: pin the GPU, then import, load and serve the model.
 
     ``loaded`` (a multiprocessing Event of the slot, None: no supervisor) is set once the model
     has loaded. While it was never set, a failing ``init_model`` is a configuration error: one
     line, exit EXIT_BAD_MODEL, and the supervisor stops. Once the slot has loaded the model, a
-    failure is a crash like any other, and the supervisor restarts the worker.
+    failure is a crash like any other, and the supervisor restarts the worker. ``slot_info``: what
+    the supervisor tells of the slot (restarts, last exit), published in the worker's heartbeat
+    for ``rstreamer dashboard``.
     """
     # The supervisor already set CUDA_VISIBLE_DEVICES in our environment (child_environment);
     # pinning again covers the fork start method. The model is an import string, imported by
@@ -97,6 +100,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded:
     )
     if metrics is not None:
         metrics.track(worker.stats, worker.name, gpu_id)
+    worker.slot_info = dict(slot_info or {"slot": slot})
     worker.hooks = ChainedHooks(*(h for h in (metrics, worker_tracer(worker.keys.prefix)) if h is not None))
     _load(worker, spec, slot, loaded)
     if spec.log_interval > 0:
@@ -166,6 +170,16 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def exit_description(code: int) -> str:
+    """How a process ended, in words: ``exit code 1``, ``killed by SIGKILL``."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 class StatsSummary:
@@ -249,6 +263,9 @@ class Supervisor:
         # Set by a slot's worker once its model loaded: from then on, a failing load is a crash.
         self._loaded = [self._context.Event() for _ in self.slots]
         self._crashes: dict[int, deque[float]] = {slot: deque() for slot in range(len(self.slots))}
+        # Since this supervisor started, per slot: replacements, and how the last process ended.
+        self._restarts = [0] * len(self.slots)
+        self._last_exit: dict[int, tuple[str, float]] = {}
         self._restart_at: dict[int, float] = {}
         self._stopping = threading.Event()
         self._forced = threading.Event()
@@ -366,7 +383,7 @@ class Supervisor:
     def _start(self, slot: int) -> None:
         gpu = self.slots[slot]
         process = self._context.Process(
-            target=worker_process_main, args=(self.spec, gpu, slot, self._loaded[slot]),
+            target=worker_process_main, args=(self.spec, gpu, slot, self._loaded[slot], self.slot_info(slot)),
             name=f"rstreamer-worker-{slot}",
         )
         with child_environment(gpu):
@@ -374,6 +391,14 @@ class Supervisor:
         self._processes[slot] = process
         logger.info("started worker slot %d (%s) as pid %s",
                     slot, "cpu" if gpu is None else f"gpu {gpu}", process.pid)
+
+    def slot_info(self, slot: int) -> dict[str, Any]:
+        """What the worker of ``slot`` publishes about its slot: its number, the supervisor
+        (pid), how many times the slot's worker was replaced, and how the last one ended."""
+        info: dict[str, Any] = {"slot": slot, "supervisor": os.getpid(), "restarts": self._restarts[slot]}
+        if slot in self._last_exit:
+            info["last_exit"], info["last_exit_at"] = self._last_exit[slot]
+        return info
 
     def _watch_once(self) -> None:
         if self._alive is not None:
@@ -389,6 +414,8 @@ class Supervisor:
             if process.exitcode == EXIT_BAD_MODEL:
                 raise BadModel(f"worker slot {slot} cannot import or load model {self.spec.model!r}")
             if process.exitcode is not None and slot not in self._restart_at:
+                self._restarts[slot] += 1
+                self._last_exit[slot] = (exit_description(process.exitcode), time.time())
                 self._restart_at[slot] = now + self._backoff(slot, process, now)
         for slot, when in list(self._restart_at.items()):
             if now >= when:

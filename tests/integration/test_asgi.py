@@ -70,11 +70,13 @@ def test_every_error_status(redis_url, prefix, workers, web):
     assert server.predict([21]).json() == {"outputs": [42]}
 
 
-def test_no_live_worker_is_503_at_once_and_not_ready(redis_url, prefix, web):
+def test_no_live_worker_is_503_at_once_and_not_ready(redis_client, redis_url, prefix, web):
     server = web.uvicorn(prefix)  # the default 20 s timeout: the call must not wait it out
     response = server.predict([1])
     assert response.status_code == 503 and response.json()["error"]["type"] == "NoLiveWorker"
     assert f"no live worker serves prefix '{prefix}'" in response.json()["error"]["message"]
+    # refused before it was enqueued, so it never waited for a worker (nor its 20 s timeout)
+    assert redis_client.xlen(Keys(prefix).requests) == 0
     assert response.elapsed.total_seconds() < 5
     generated = server.client.post("/generate", json={"input": 1})  # refused before a stream starts
     assert generated.status_code == 503 and generated.json()["error"]["type"] == "NoLiveWorker"

@@ -15,7 +15,9 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
+from rstreamer.codec import unpackb
 from rstreamer_tools.sentences import SENTENCES, TRIPLES, cosine
+from support.polling import async_wait_until
 
 
 def run(coroutine):
@@ -79,17 +81,43 @@ def test_model_error_fails_only_its_item(redis_url, prefix, workers):
     assert good == [4]
 
 
-def test_no_worker_times_out_and_leaves_no_reply_key(redis_client, redis_url, prefix):
+def test_no_worker_times_out_and_withdraws_its_entries(redis_client, redis_url, prefix):
     async def scenario():
         async with AsyncRedisStreamer(redis_url, prefix, timeout=0.3) as streamer:
             with pytest.raises(StreamerTimeout, match="0.3s timeout"):
                 await streamer.predict([1])
-            future = await streamer.submit([1], timeout=5)
+            future = await streamer.submit([2], timeout=5)
             with pytest.raises(StreamerTimeout, match="not answered yet"):
                 await future.result(timeout=0.05)
+            return streamer.keys.requests
 
-    run(scenario())
-    assert not list(redis_client.scan_iter(match=f"*{{{prefix}}}:reply:*"))
+    requests = run(scenario())
+    # The timed-out call withdrew its entry (no worker runs: no reply key is ever written; the
+    # next test proves that a caller deletes one that was). The live call may stay queued.
+    assert [unpackb(fields[b"p"]) for _, fields in redis_client.xrange(requests)] in ([], [2])
+
+
+def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, prefix, workers):
+    # The worker answers, but the caller's pops stall (a fault injected in its connection) until
+    # its deadline: the answer is in the reply key when the caller gives up, and must go with it.
+    workers.start(prefix)
+
+    async def stalled_blpop(keys, timeout=0):
+        await asyncio.sleep(timeout)
+
+    async def scenario():
+        async with AsyncRedisStreamer(redis_url, prefix) as streamer:
+            streamer.redis.blpop = stalled_blpop
+            future = await streamer.submit([1], timeout=1.5)
+            await async_wait_until(lambda: redis_client.exists(future.call.reply_key),
+                                   what="the worker's answer in the reply key")
+            with pytest.raises(StreamerTimeout):
+                await future.result()
+            # the call's task deletes it once it stops popping, just after the future timed out
+            await async_wait_until(lambda: not redis_client.exists(future.call.reply_key), timeout=5,
+                                   what="the caller to delete its reply key")
+
+    run(asyncio.wait_for(scenario(), 30))
 
 
 def test_full_queue_is_overloaded(redis_url, prefix):
@@ -108,8 +136,7 @@ def test_calls_past_max_connections_are_overloaded(redis_client, redis_url, pref
         async with AsyncRedisStreamer(redis_url, prefix, timeout=10, max_connections=1) as streamer:
             waiting = asyncio.ensure_future(streamer.predict([1]))
             # The first call holds the only connection once it blocks in BLPOP.
-            while not await asyncio.to_thread(_blpop_clients, redis_client):
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: _blpop_clients(redis_client), what="the first call in BLPOP")
             with pytest.raises(Overloaded, match="too many calls in flight"):
                 await streamer.predict([2])
             waiting.cancel()
@@ -136,11 +163,13 @@ def test_redis_down_is_broker_unavailable_then_recovers(redis_server, redis_url,
                 assert raised.value.http_status == 503
             finally:
                 redis_server.start()
-            while True:  # the worker reconnects with backoff; poll until it serves again
+            deadline = asyncio.get_running_loop().time() + 30
+            while asyncio.get_running_loop().time() < deadline:  # the worker reconnects with backoff
                 try:
                     return await streamer.predict([3], timeout=1)
                 except (StreamerTimeout, BrokerUnavailable):
                     continue
+            return "the service did not resume within 30 s"
 
     assert run(scenario()) == [6]
 

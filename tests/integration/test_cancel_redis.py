@@ -4,12 +4,16 @@ worker has not started it, and nothing cancelled is answered."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from rstreamer import AsyncRedisStreamer, Cancelled, RedisStreamer, StreamerTimeout
 from rstreamer.wire.keys import Keys
+from support import procs
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration
@@ -68,6 +72,18 @@ def test_an_item_a_worker_holds_but_has_not_started_is_skipped(redis_client, red
         assert streamer.predict([8]) == [16]
     assert executions(log) == ["8"]
     wait_until(lambda: redis_client.xlen(Keys(prefix).requests) == 0, what="the skipped entry acked and deleted")
+    # rstreamer status counts it per worker (priority.md: "cancelled" in the heartbeat and --json)
+    (worker,) = wait_until(lambda: (rows := _status_workers(redis_url, prefix)) and rows[0]["items"] >= 1 and rows,
+                           what="the worker's counters in status")
+    assert (worker["cancelled"], worker["items"]) == (1, 1)
+
+
+def _status_workers(redis_url: str, prefix: str) -> list[dict]:
+    done = subprocess.run([sys.executable, "-c", "import sys; from rstreamer.cli import main; sys.exit(main())",
+                           "status", "--redis", redis_url, "--prefix", prefix, "--interval", "0", "--json"],
+                          capture_output=True, text=True, timeout=30, env=procs.test_env())
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["workers"]
 
 
 def test_a_cancelled_item_already_running_is_not_answered(redis_client, redis_url, prefix, recorder):

@@ -21,6 +21,8 @@ from rstreamer.client.coalescer import Coalescer
 from rstreamer.client.core import SOCKET_TIMEOUT
 from rstreamer.codec.core import unpackb
 from rstreamer.errors import RStreamerError
+from support.held import HeldSends
+from support.polling import async_wait_until
 from support.procs import wait_until
 
 pytestmark = pytest.mark.integration
@@ -116,8 +118,7 @@ def test_async_calls_return_within_their_timeout_while_redis_is_stalled(private_
     async def scenario() -> list[tuple[Any, float]]:
         async with AsyncRedisStreamer(private_redis.url, prefix, timeout=timeout) as streamer:
             first = asyncio.ensure_future(timed(streamer.predict([1])))
-            while not _blpop_clients(client):
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: _blpop_clients(client), what="the first call in BLPOP")
             _signal(private_redis, signal.SIGSTOP)
             try:
                 during = [timed(streamer.predict([n])) for n in range(4)]
@@ -148,11 +149,19 @@ def test_an_enqueue_that_times_out_is_not_sent_again(private_redis, prefix):
         assert isinstance(outcome, BrokerUnavailable)
         _signal(private_redis, signal.SIGCONT)
         client.ping()
-        assert client.xlen(streamer.keys.requests) <= 2, "an ENQUEUE ran twice"
+        # A retried ENQUEUE shows first as the wait above (3 tries of 5 s), and as a second entry
+        # of payload 1 if a retry reached Redis. The stalled one itself is dropped with its
+        # connection (seen: payloads [0]), and the warm-up's entry may be left or withdrawn, so the
+        # stream's length says nothing: count the entries of payload 1.
+        assert _payloads(client, streamer).count(1) <= 1, "an ENQUEUE ran twice"
     finally:
         _signal(private_redis, signal.SIGCONT)
         streamer.close()
         client.close()
+
+
+def _payloads(client: redis.Redis, streamer: RedisStreamer) -> list[Any]:
+    return [unpackb(fields[b"p"]) for _, fields in client.xrange(streamer.keys.requests)]
 
 
 # issue 10 #1 (client side): Redis at maxmemory -------------------------------------------------
@@ -199,11 +208,12 @@ def test_a_full_redis_answers_overloaded_at_once_async(private_redis, prefix):
 
 
 def _coalesced_calls(streamer: RedisStreamer, redis_client: redis.Redis, payloads: list[str],
-                     sends: list[int]) -> tuple[Outcomes, str, dict[str, int]]:
+                     sends: HeldSends) -> tuple[Outcomes, str, dict[str, int]]:
     """Start one call per payload, coalesced; their shared token and each payload's reply index."""
     calls = Outcomes()
     threading.Thread(target=streamer.submit, args=(["warm-up"],), daemon=True).start()
     wait_until(lambda: sends, what="the held-back ENQUEUE")
+    sends.release_when(streamer, len(payloads))
     for payload in payloads:
         calls.start(payload, lambda p=payload: streamer.predict([p]))
     entries = wait_until(lambda: _entries_if(redis_client, streamer, 1 + len(payloads)), what="the coalesced ENQUEUE")
@@ -251,8 +261,7 @@ def test_an_async_caller_cancelled_mid_blpop_loses_no_reply_of_other_waiters(red
             future = await streamer.submit([1])
             first = asyncio.ensure_future(future.result())
             second = asyncio.ensure_future(future.result())
-            while not _blpop_clients(redis_client):
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: _blpop_clients(redis_client), what="the calls in BLPOP")
             # Blocking calls, so that no task runs before the cancel: Redis pops the reply and
             # sends it to the waiting BLPOP, whose reader is cancelled before it reads it.
             redis_client.rpush(future.call.reply_key, msgpack.packb([[0, True, "answer"]]))
@@ -279,10 +288,7 @@ def test_a_base_exception_in_the_flusher_does_not_stop_the_next_calls(redis_url,
     workers.start(prefix)
     monkeypatch.setattr(Coalescer, "_take", take_once_interrupted)
     with RedisStreamer(redis_url, prefix, timeout=5) as streamer:
-        try:
-            first = streamer.predict([1])
-        except Interrupt:
-            first = None
+        # The flusher dies before it takes the call; the recovery starts another, which sends it.
+        assert streamer.predict([1]) == [2]
         assert raised
         assert streamer.predict([2]) == [4]
-    assert first in (None, [2])

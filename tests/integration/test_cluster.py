@@ -21,6 +21,7 @@ from rstreamer.wire.keys import Keys
 from support import procs
 from support.cluster import LocalCluster
 from support.procs import ROOT, WorkerProcesses, wait_until
+from support.web import WebServers
 
 pytestmark = pytest.mark.integration
 
@@ -135,9 +136,13 @@ def test_status_reads_every_shard(cluster, client, cluster_workers):
         cluster_workers.start(prefix)
         with RedisStreamer(cluster.url, prefix) as streamer:
             assert streamer.predict([1, 2]) == [2, 4]
-    one = json.loads(run_status(cluster.url, "--prefix", shards[cluster.ports[0]], "--interval", "0"))
+    def status_once_counted() -> dict | None:  # heartbeats carry the items counted so far
+        one = json.loads(run_status(cluster.url, "--prefix", shards[cluster.ports[0]], "--interval", "0"))
+        return one if one["workers"] and one["workers"][0]["items"] == 2 else None
+
+    one = wait_until(status_once_counted, timeout=30, what="the worker's 2 items in status")
     assert one["queue_length"] == 0 and one["pending"] == 0 and one["dead_letters"] == 0
-    assert len(one["workers"]) == 1 and one["workers"][0]["items"] >= 0
+    assert len(one["workers"]) == 1
     listed = {row["prefix"]: row for row in json.loads(run_status(cluster.url))["prefixes"]}
     assert set(shards.values()) <= set(listed), "a prefix on some shard is missing from the listing"
     assert all(listed[prefix]["live_workers"] == 1 for prefix in shards.values())
@@ -152,21 +157,17 @@ def run_status(url: str, *args: str) -> str:
 
 
 def test_web_apps_serve_and_report_ready_from_the_cluster(cluster, prefix, cluster_workers):
-    from starlette.testclient import TestClient
-
-    from rstreamer.settings import ClientSettings
-    from webapp import app as flask_app
-    from webapp import asgi
-    from webapp.config import WebConfig
-
     cluster_workers.start(prefix)
-    config = WebConfig(cluster.url, prefix, ClientSettings(timeout=10))
-    with flask_app.create_app(config).test_client() as client:
-        assert client.get("/readyz").status_code == 200
-        assert client.post("/predict", json={"inputs": [1, 2]}).get_json() == {"outputs": [2, 4]}
-    with TestClient(asgi.create_app(config)) as client:
-        assert client.get("/readyz").status_code == 200
-        assert client.post("/predict", json={"inputs": [3]}).json() == {"outputs": [6]}
+    web = WebServers(cluster.url)  # gunicorn and uvicorn processes, with the cluster's URL
+    try:
+        flask = web.gunicorn(prefix, RSTREAMER_TIMEOUT="10")
+        assert flask.client.get("/readyz").status_code == 200
+        assert flask.predict([1, 2]).json() == {"outputs": [2, 4]}
+        starlette = web.uvicorn(prefix, RSTREAMER_TIMEOUT="10")
+        assert starlette.client.get("/readyz").status_code == 200
+        assert starlette.predict([3]).json() == {"outputs": [6]}
+    finally:
+        web.stop_all()
 
 
 def test_prefixes_spread_over_shards_and_each_stays_on_one_slot(cluster, client, cluster_workers):

@@ -18,18 +18,20 @@ from support.polling import wait_until
 def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, prefix, workers, held_first_send):
     workers.start(prefix, batch_size=64, max_latency=0.01)
     with RedisStreamer(redis_url, prefix) as streamer:
+        held_first_send.release_when(streamer, 10)
+
         def call(n: int) -> list[int]:
             return streamer.predict([n] * (1 + n % 3))
 
         with ThreadPoolExecutor(48) as pool:
             outputs = list(pool.map(call, range(480)))
     assert outputs == [[2 * n] * (1 + n % 3) for n in range(480)]
-    assert max(held_first_send) > 1, "no calls were coalesced"
+    held_first_send.check()
+    assert max(held_first_send) >= 10, "no calls were coalesced"
     assert sum(held_first_send) == 480 and len(held_first_send) < 480
 
 
 def test_each_coalesced_call_keeps_its_own_deadline(redis_client, redis_url, prefix, held_first_send):
-    held_first_send.hold = 30.0  # released below, once the other two calls wait behind the first
     with RedisStreamer(redis_url, prefix) as streamer:
         timeouts = [5.0, 7.0, 9.0]
         threads = [threading.Thread(target=streamer.submit, args=([t], t)) for t in timeouts]
@@ -63,31 +65,45 @@ def test_overload_is_exact_inside_a_coalesced_enqueue(redis_url, prefix, held_fi
                 outcome["refused"] += 1
 
         with ThreadPoolExecutor(30) as pool:
-            list(pool.map(submit_one, range(30)))
+            first = pool.submit(submit_one, 0)
+            wait_until(lambda: held_first_send, what="the first ENQUEUE")
+            held_first_send.release_when(streamer, 29)  # every other call waits behind the first
+            list(pool.map(submit_one, range(29)))
+            first.result()
+        held_first_send.check()
         assert outcome == Counter(accepted=10, refused=20)
-        assert max(held_first_send) > 10, "the test meant to refuse calls inside one ENQUEUE"
+        assert held_first_send == [1, 29], "the test meant to refuse calls inside one ENQUEUE"
         streamer.redis.delete(streamer.keys.requests)
 
 
-def test_calls_that_time_out_before_or_after_their_enqueue_leave_no_reply_key(redis_client, redis_url, prefix,
-                                                                               held_first_send):
+def test_calls_that_time_out_before_or_after_their_enqueue_leave_nothing_queued(redis_client, redis_url, prefix,
+                                                                                held_first_send):
+    timeouts = [0.3 if n % 2 else 3.0 for n in range(40)]
     with RedisStreamer(redis_url, prefix) as streamer:
-        late = []
+        late: list[float] = []
 
         def call(n: int) -> None:
             started = time.monotonic()
             with pytest.raises(StreamerTimeout):
-                streamer.predict([n], timeout=0.2 if n % 2 else 0.5)
-            late.append(time.monotonic() - started - (0.2 if n % 2 else 0.5))
+                streamer.predict([n], timeout=timeouts[n])
+            late.append(time.monotonic() - started - timeouts[n])
 
+        # The first ENQUEUE is held until the 20 short calls have timed out: they expire before
+        # being sent; the long ones are sent then and expire after their ENQUEUE.
+        def release_once_short_calls_ended() -> None:
+            wait_until(lambda: len(late) >= 20, timeout=30, what="the short calls to time out")
+            held_first_send.release()
+
+        threading.Thread(target=release_once_short_calls_ended, daemon=True).start()
         with ThreadPoolExecutor(40) as pool:
             list(pool.map(call, range(40)))
-        # The first ENQUEUE was held back 0.3 s: some expired before being sent. Each call still
-        # ends near its own timeout, not the hold's or the client's 20 s default (the margin is for
-        # 40 threads on a loaded 2-core machine).
+        # Each call ends near its own timeout, not the hold's or the client's 20 s default (the
+        # margin is for 40 threads on a loaded 2-core machine).
         assert max(late) < 1.5
-        assert not list(redis_client.scan_iter(match=f"*{prefix}*reply*"))
-        streamer.redis.delete(streamer.keys.requests)
+        assert len(held_first_send) > 1, "no call was enqueued after the held one"
+        # Each call withdrew its entries when it timed out (no worker runs: the reply keys are
+        # never written; test_faults.py proves that a caller deletes one that was).
+        wait_until(lambda: redis_client.xlen(streamer.keys.requests) == 0, what="the entries withdrawn")
 
 
 def test_one_future_waited_on_by_two_threads(redis_url, prefix, workers):

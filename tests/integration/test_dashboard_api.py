@@ -37,7 +37,7 @@ def test_state_lists_the_prefix_with_its_dead_letters(sampler, redis_client, pre
     assert (row["prefix"], row["queue_length"], row["dead_letters"], row["workers"]) == (prefix, 0, 1, [])
     assert [(d["id"], d["reason"], d["preview"]) for d in row["dead"]] == [(letter_id, "test", "[1]")]
     assert state["allow_actions"] is False and set(row["history"]) == {"t", "queue_length", "oldest_wait_s",
-                                                                       "items_per_s"}
+                                                                       "items_per_s", "drain_s", "latency_p99_ms"}
 
 
 def test_read_only_by_default(sampler, redis_client, prefix):
@@ -105,3 +105,20 @@ def test_the_command_refuses_bad_options_and_a_taken_port(capsys):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         assert main(["dashboard", "--port", str(taken.getsockname()[1])]) == 2
     assert "cannot listen" in capsys.readouterr().err
+
+
+def test_state_carries_pace_drain_jobs_and_the_shelf_hook(redis_client, prefix):
+    ensure_group(redis_client, Keys(prefix))
+    sampler = Sampler(redis_client, dead_after=2.0, interval=0.2, window=2.0, prefixes=[prefix],
+                      shelf=lambda client: {"models": ["a"]}).start()
+    try:
+        state = client_for(sampler).get("/api/state").json()
+    finally:
+        sampler.stop()
+    (row,) = state["prefixes"]
+    assert state["shelf"] == {"models": ["a"]} and state["error"] is None and state["sampled_ms"] > 0
+    assert row["drain"] == {"seconds": 0.0, "backlog": 0, "items_per_s": None, "cost_per_item": None}
+    assert row["jobs"] == {"running": 0, "failed": 0, "recent": []}
+    assert set(row["pace"]) == {"window_s", "wait_p50_ms", "wait_p99_ms", "latency_p50_ms", "latency_p99_ms",
+                                "batch_mean", "batch_limit"}
+    assert [level["drain_s"] for level in row["levels"]] == [0.0]

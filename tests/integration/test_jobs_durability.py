@@ -11,9 +11,11 @@ import sys
 import pytest
 import redis
 
-from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer
+from rstreamer import JobCancelled, JobNotFound, JobState, Progress, RedisStreamer, StreamerTimeout
 from rstreamer.errors import DeadLettered
+from rstreamer.ops.deadletters import replay
 from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import fleet_totals
 from support import procs
 from support.polling import wait_until
 from support.procs import TESTS, WorkerProcesses
@@ -61,6 +63,26 @@ def test_expired_job_is_gone_and_its_items_do_not_run(redis_client, redis_url, p
         wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=30, what="the stream drained")
         assert recorded(log) == []
         assert streamer.jobs.list() == []
+        # The worker's job check dropped them (an item's deadline is its job's expiry too, so the
+        # deadline check would have stopped them as well, counted as expired): see the next test.
+        assert streamer.predict([7]) == [14]
+    totals = wait_until(lambda: (t := fleet_totals(redis_client, keys)).items >= 1 and t, what="heartbeat stats")
+    assert totals.expired == 0, "the job's items reached the model's batch and were dropped only as expired"
+
+
+def test_items_of_a_job_whose_keys_vanished_do_not_run(redis_client, redis_url, prefix, workers, tmp_path):
+    # Keys deleted behind the job's back (an operator's DEL, an eviction policy that is not
+    # noeviction): the items' deadlines are a day ahead, so only the job check stops them.
+    log = tmp_path / "ran.txt"
+    keys = Keys(prefix)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job(range(100), window=10)
+        assert redis_client.xlen(keys.requests) == 10
+        redis_client.delete(*keys.job_keys(job.id))
+        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)})
+        wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=30, what="the stream drained")
+        assert streamer.predict([7]) == [14]
+    assert recorded(log) == ["7"]
 
 
 def test_events_stream_and_wait(redis_url, prefix, workers):
@@ -78,7 +100,7 @@ def test_events_stream_and_wait(redis_url, prefix, workers):
         third = streamer.submit_job([5])
         (event,) = streamer.jobs.read_events(after=events[-1].event_id, timeout=30)
         assert (event.type, event.job_id) == ("job.done", third.id)
-        with pytest.raises(Exception, match="did not finish"):
+        with pytest.raises(StreamerTimeout, match="did not finish"):
             streamer.submit_job([["sleep", 5]]).wait(timeout=0.2)
 
 
@@ -154,6 +176,39 @@ def test_submitter_and_a_worker_killed_mid_job(redis_client, redis_url, prefix, 
             os.killpg(submitter.pid, signal.SIGKILL)
         submitter.wait(timeout=10)
         submitter.stdout.close()
+
+
+def test_a_replayed_item_of_a_finished_job_does_not_run(redis_client, redis_url, prefix, workers):
+    # "kill" kills every process that runs it: dead-lettered after 3 deliveries, its job fails.
+    keys = Keys(prefix)
+    workers.start(prefix, wait=False, supervised=2, batch_size=1, settings=FAST)
+    procs.wait_for_workers(redis_url, prefix, count=2)
+    with RedisStreamer(redis_url, prefix) as streamer:
+        job = streamer.submit_job([1, "kill"])
+        assert job.wait(timeout=60) is JobState.FAILED
+        # the job records its answer, then the same worker writes the letter (lua FINISH)
+        (letter_id, _), = wait_until(lambda: redis_client.xrange(keys.dead), what="the dead letter")
+        # The supervisor has replaced the killed workers: two live processes, which must survive.
+        alive = wait_until(lambda: (pids := _running(procs.live_pids(redis_url, prefix))) and len(pids) == 2 and pids,
+                           timeout=30, what="two running workers")
+        assert replay(redis_client, keys, [letter_id.decode()]) == 1
+        wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=30, what="the replayed entry dropped")
+        assert streamer.predict([5]) == [10]  # served after it
+        assert _running(alive) == alive, "the finished job's replayed item ran (and killed its worker)"
+        assert job.progress() == Progress(1, 1, 2) and redis_client.xlen(keys.dead) == 0
+
+
+def _running(pids: set[int]) -> set[int]:
+    """The pids that are running processes (not gone, not zombies)."""
+    running = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(") ", 1)[1][0] != "Z":
+                    running.add(pid)
+        except (FileNotFoundError, IndexError):
+            pass
+    return running
 
 
 def test_a_job_keeps_its_level_after_a_dead_letter(redis_client, redis_url, prefix, workers):

@@ -68,12 +68,18 @@ def test_urgent_calls_overtake_a_bulk_backlog(redis_url, prefix, workers, tmp_pa
     """A worker busy with a deep bulk backlog runs urgent items within a few batches, each
     level in FIFO order, and the bulk level keeps being served meanwhile."""
     log = tmp_path / "runs.log"
-    workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log), "delay": 0.02},
-                  batch_size=4, settings=TWO_LEVELS)
+    worker = workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log), "delay": 0.02},
+                           batch_size=4, settings=TWO_LEVELS)
     with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
         bulk = [streamer.submit([1000 + n], priority=1) for n in range(300)]
         wait_until(lambda: len(executions(log)) >= 20, what="bulk work in progress")
-        urgent = [streamer.submit([n]) for n in range(12)]
+        # The urgent calls arrive together (the worker paused while they are sent, its heartbeat
+        # process beating on): on a loaded machine, sent one by one, they trickled in between reads.
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            urgent = [streamer.submit([n]) for n in range(12)]
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
         assert [future.result(timeout=30) for future in urgent] == [[2 * n] for n in range(12)]
         ran = executions(log)
         assert not all(future.done() for future in bulk), "the bulk backlog was gone too soon to tell"
@@ -186,7 +192,8 @@ def test_status_shows_depth_and_wait_per_level(capsys, redis_client, redis_url, 
     rows = [{k: row[k] for k in ("level", "weight", "queue_length", "pending")} for row in report["levels"]]
     assert rows == [{"level": 0, "weight": 8, "queue_length": 3, "pending": 0},
                     {"level": 1, "weight": 1, "queue_length": 3, "pending": 0 + 2}]
-    assert all(row["oldest_wait_s"] >= 0 for row in report["levels"])
+    # the items waited a few ms to a few s (not 0: the field is read; not an epoch: it is a wait)
+    assert all(0 < row["oldest_wait_s"] < 30 for row in report["levels"]), report["levels"]
     assert "1 (weight 1): 3 waiting, 2 pending" in table
 
 
@@ -218,25 +225,13 @@ def test_worker_metrics_count_items_and_wait_per_level(redis_client, redis_url, 
 
 
 def test_a_refused_bulk_call_does_not_refuse_an_urgent_call_coalesced_after_it(redis_client, redis_url, prefix,
-                                                                                 monkeypatch):
+                                                                                 held_first_send):
     import threading
-    import time
-
-    from rstreamer.client.coalescer import Coalescer
 
     keys = Keys(prefix)
     ensure_groups(redis_client, keys, 2)
     publish_levels(redis_client, keys, Levels((8, 1), (0, 1)))  # level 1 holds one item at most
-    sends: list[int] = []
-    original = Coalescer._send
-
-    def slow_first_send(self, taken):
-        sends.append(len(taken))
-        if len(sends) == 1:
-            time.sleep(0.3)  # the next calls pile up and go out together
-        return original(self, taken)
-
-    monkeypatch.setattr(Coalescer, "_send", slow_first_send)
+    sends = held_first_send
     outcomes: dict[str, object] = {}
     with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
         def submit(name: str, priority: int) -> None:
@@ -249,9 +244,10 @@ def test_a_refused_bulk_call_does_not_refuse_an_urgent_call_coalesced_after_it(r
         first.start()
         wait_until(lambda: sends, what="the first ENQUEUE")
         later = [threading.Thread(target=submit, args=args) for args in (("bulk-1", 1), ("urgent", 0))]
-        for thread in later:
+        for waiting, thread in enumerate(later, 1):  # one at a time: bulk-1 is queued before urgent
             thread.start()
-            time.sleep(0.02)  # keeps their order in the next ENQUEUE; not a synchronisation
+            wait_until(lambda n=waiting: len(streamer._coalescer._pending) == n, what=f"{waiting} calls held")
+        sends.release()
         for thread in [first, *later]:
             thread.join()
         assert sends == [1, 2], "the two later calls went out in one ENQUEUE"

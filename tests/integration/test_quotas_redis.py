@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
-from rstreamer import AsyncRedisStreamer, ConfigError, RateLimited, RedisStreamer
+from rstreamer import AsyncRedisStreamer, ConfigError, Overloaded, RateLimited, RedisStreamer
 from rstreamer.batching.priority import Levels
 from rstreamer.batching.quotas import Quotas
 from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import publish_levels, publish_quotas
+from support.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ def quoted(redis_client, prefix):
     keys = Keys(prefix)
     ensure_groups(redis_client, keys, 2)
     publish_levels(redis_client, keys, Levels((8, 1)))
-    publish_quotas(redis_client, keys, Quotas.parse(rate=2, burst=5, tenants="big=1000:1000,vip=0"))
+    publish_quotas(redis_client, keys, Quotas.parse(rate=2, burst=5, tenants="big=1000:1000,vip=0,slow=0.001:5"))
     return keys
 
 
@@ -40,21 +40,33 @@ def test_a_tenant_over_its_quota_is_refused_and_others_are_not(redis_client, red
         with pytest.raises(RateLimited, match="larger than its burst of 5 items") as too_big:
             streamer.submit([0] * 6, tenant="late")
         assert too_big.value.retry_after == 0
-        time.sleep(refused.value.retry_after)  # the bucket refills with time: nothing to poll
-        streamer.submit([0], tenant="flood")
+        wait_until(lambda: _accepted(streamer, "flood"), timeout=10, what="the bucket to refill")
         assert redis_client.xlen(quoted.requests) == 3 + 5 + 50 + 50 + 50 + 1
         assert 0 < redis_client.pttl(quoted.bucket("flood")) <= 3500, "a bucket expires once it would be full again"
 
 
 def test_a_refused_call_takes_no_tokens(redis_client, redis_url, prefix, quoted):
+    # Tenant "slow": a burst of 5, refilled at 1 item per 1000 s, so no refill hides a lost token.
     # max_queue 3: a call of 3 items fits an empty queue (a larger one would be CallTooLarge at once).
     with RedisStreamer(redis_url, prefix, timeout=30, max_queue=3) as streamer:
-        streamer.submit([0] * 2, tenant="t")
-        with pytest.raises(Exception, match="overloaded"):
-            streamer.submit([0] * 2, tenant="t")  # 2 + 2 over max_queue: Overloaded, and its tokens stay
+        streamer.submit([0] * 2, tenant="slow")
+        with pytest.raises(Overloaded, match="overloaded"):
+            streamer.submit([0] * 2, tenant="slow")  # 2 + 2 over max_queue: Overloaded, and its tokens stay
         redis_client.delete(quoted.requests)
         ensure_groups(redis_client, quoted, 1)
-        streamer.submit([0] * 3, tenant="t")  # 5 - 2 = 3 tokens left
+        streamer.submit([0] * 3, tenant="slow")  # 5 - 2 = 3 tokens left
+        redis_client.delete(quoted.requests)
+        ensure_groups(redis_client, quoted, 1)
+        with pytest.raises(RateLimited):
+            streamer.submit([0], tenant="slow")  # and then none
+
+
+def _accepted(streamer: RedisStreamer, tenant: str) -> bool:
+    try:
+        streamer.submit([0], tenant=tenant)
+    except RateLimited:
+        return False
+    return True
 
 
 def test_async_client_and_coalesced_calls_take_their_own_tenant_s_tokens(redis_url, prefix, quoted):

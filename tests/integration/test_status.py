@@ -77,7 +77,7 @@ def test_without_a_prefix_every_prefix_is_listed(capsys, redis_client, redis_url
     listed = {entry["prefix"]: entry for entry in status_json(capsys, "--redis", redis_url)["prefixes"]}
     assert set(names) <= set(listed)
     assert listed[names[0]] == {"prefix": names[0], "queue_length": 0, "pending": 0, "dead_letters": 0,
-                                "live_workers": 0, "state": "idle"}
+                                "live_workers": 0, "state": "idle", "drain_s": 0.0}
     assert status_main(["--redis", redis_url]) == 0
     assert names[1] in capsys.readouterr().out
 

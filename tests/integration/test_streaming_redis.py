@@ -13,7 +13,8 @@ import redis
 
 from rstreamer import AsyncRedisStreamer, RedisStreamer, RemoteError, StreamerTimeout
 from rstreamer.wire.keys import Keys
-from rstreamer.wire.published import read_workers
+from rstreamer.wire.published import fleet_totals, read_workers
+from support.polling import async_wait_until
 from support.procs import WorkerProcesses, wait_until
 
 DECODER = "workers.decoder:TinyDecoder"
@@ -75,7 +76,9 @@ def test_leaving_the_loop_early_cancels_the_generation(
         next(stream)
         stream.close()
         wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the closed stream's entry acked")
-        assert not redis_client.exists(Keys(prefix).reply(stream._state.call.token))
+        # the chunks pushed since it left, and its control key, deleted by the worker (streaming.md)
+        token = stream._state.call.token
+        assert not redis_client.exists(Keys(prefix).reply(token), Keys(prefix).stream_control(token))
 
 
 def test_a_deadline_mid_stream_raises_a_timeout(
@@ -87,7 +90,25 @@ def test_a_deadline_mid_stream_raises_a_timeout(
             for _ in streamer.stream({"n": 100_000}, timeout=1.0):
                 seen += 1
         assert seen > 0
-        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the expired entry dropped")
+        # The stream's close() cancels the sequence; the worker's own expiry is the next test's.
+        wait_until(lambda: pending(redis_client, prefix) == 0, 10, what="the timed-out entry dropped")
+
+
+def test_a_sequence_past_its_deadline_is_dropped_at_the_next_step(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    # Its caller is SIGKILLed mid-stream, so nothing cancels the sequence: only the lane's expiry
+    # can end a generation of 100,000 steps (about 30 minutes at 20 ms a step).
+    workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.02}, batch_size=4)
+    caller = workers.start_caller(prefix, stream_item={"n": 100_000}, timeout=2.0)
+    assert caller.stdout is not None and caller.stdout.readline(), "the caller saw no chunk"
+    caller.kill()
+    caller.wait(timeout=10)
+    assert pending(redis_client, prefix) == 1
+    wait_until(lambda: pending(redis_client, prefix) == 0, 20, what="the expired sequence dropped and acked")
+    totals = wait_until(lambda: (t := fleet_totals(redis_client, Keys(prefix))).expired and t,
+                        what="the expiry counted in the worker's heartbeat")
+    assert totals.expired == 1
+    assert totals.batches >= 1, "a lane's model steps count as batches"
 
 
 def test_many_concurrent_streams_share_the_steps(workers: WorkerProcesses, redis_url: str, prefix: str) -> None:
@@ -125,15 +146,10 @@ def test_async_stream_in_order_and_early_exit_cancels(
             async for chunk in streamer.stream({"n": 100_000}, timeout=60):
                 if chunk[0] == 1:
                     break
-            await asyncio.sleep(0)  # the dropped stream's cancellation task runs
             async with streamer.stream({"n": 100_000}, timeout=60) as chunks:
                 async for _chunk in chunks:
                     break
-            for _ in range(500):
-                if pending(redis_client, prefix) == 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert pending(redis_client, prefix) == 0
+            await async_wait_until(lambda: pending(redis_client, prefix) == 0, what="the cancelled entries acked")
             assert await streamer.predict([{"n": 2}], timeout=20) == [[0, 1, 1, 1]]  # lists are chained
 
     asyncio.run(main())

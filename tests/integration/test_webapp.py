@@ -108,12 +108,14 @@ def test_body_over_max_body_is_413(redis_url, prefix, workers, web):
     assert server.predict(["x" * 100]).status_code == 200
 
 
-def test_no_live_worker_is_503_at_once_and_not_ready(redis_url, prefix, web):
+def test_no_live_worker_is_503_at_once_and_not_ready(redis_client, redis_url, prefix, web):
     server = web.gunicorn(prefix)  # the default 20 s timeout: the call must not wait it out
     response = server.predict([1])
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     assert response.json()["error"] == {"type": "NoLiveWorker", "message": f"no live worker serves prefix "
                                         f"'{prefix}' (no worker heart-beats on it)"}
+    # refused before it was enqueued, so it never waited for a worker (nor its 20 s timeout)
+    assert redis_client.xlen(Keys(prefix).requests) == 0
     assert response.elapsed.total_seconds() < 5
     generated = server.client.post("/generate", json={"input": 1})  # refused before a stream starts
     assert generated.status_code == 503 and generated.json()["error"]["type"] == "NoLiveWorker"

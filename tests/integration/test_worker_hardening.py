@@ -4,16 +4,18 @@ failure of the old worker against a real redis-server with real worker processes
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
-import time
+import subprocess
 from pathlib import Path
 
 import pytest
 import redis
 
-from rstreamer import RedisStreamer, RedisWorker, WorkerSettings
+from rstreamer import Overloaded, RedisStreamer, RedisWorker, WorkerSettings
 from rstreamer.broker.embedded import EmbeddedRedis, free_port
+from rstreamer.ops.deadletters import replay
 from rstreamer.wire.keys import Keys
 from rstreamer.worker.reclaim import Reclaimer
 from support.procs import WorkerProcesses, live_pids, wait_for_workers, wait_until
@@ -60,7 +62,7 @@ def test_workers_drain_a_redis_that_is_over_maxmemory(full_redis, prefix):
     os.kill(early.pid, signal.SIGSTOP)
     streamer = RedisStreamer(server.url, prefix, timeout=120, max_queue=0)
     futures = []
-    with pytest.raises(Exception):  # noqa: B017 - whatever the client maps Redis's OOM to
+    with pytest.raises(Overloaded, match="maxmemory"):  # Redis's OOM refusal, as a 503
         while len(futures) < 10_000:
             futures.append(streamer.submit(["y" * 200_000]))
     # Below what is used: every write that grows memory is refused until the queue drains.
@@ -88,6 +90,43 @@ def test_dead_letters_are_capped_in_bytes(redis_client, redis_url, prefix, worke
     assert redis_client.memory_usage(keys.dead, samples=0) <= 1_000_000 + 64_000
     newest = redis_client.xrevrange(keys.dead, count=1)[0][1]
     assert newest[b"f_n"] == b"11"
+
+
+def test_dead_letters_are_capped_in_length_and_an_oversized_field_is_kept_as_its_size(
+        redis_client, redis_url, prefix, workers):
+    keys = Keys(prefix)
+    workers.start(prefix, settings={"dead_max_bytes": 1_000_000, "dead_max_len": 5})
+    for n in range(12):  # malformed (no reply token): each is dead-lettered with its fields
+        redis_client.xadd(keys.requests, {"p": b"x" * 100, "n": str(n)})
+    wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=20, what="dead-lettering")
+    assert [fields[b"f_n"] for _, fields in redis_client.xrange(keys.dead)] == [b"%d" % n for n in range(7, 12)]
+    # A field over half of dead_max_bytes is kept as its size; the other fields are kept whole.
+    redis_client.xadd(keys.requests, {"p": b"y" * 600_000, "n": "big"})
+    wait_until(lambda: redis_client.xlen(keys.requests) == 0, timeout=20, what="dead-lettering")
+    newest = redis_client.xrevrange(keys.dead, count=1)[0][1]
+    assert newest[b"dropped_p"] == b"600000" and b"f_p" not in newest
+    assert newest[b"f_n"] == b"big"
+    assert redis_client.xlen(keys.dead) == 5
+
+
+def test_a_dead_letter_keeps_its_level_and_is_replayed_onto_it(redis_client, redis_url, prefix, workers):
+    keys = Keys(prefix)
+    worker = workers.start(prefix, settings={"priorities": "8,1,1"})
+    token = "abcdef:1"
+    # A caller's entry on level 2 whose payload is not msgpack: dead-lettered, its caller told.
+    redis_client.xadd(keys.requests_at(2), {b"v": b"2", b"t": token.encode(), b"i": b"0", b"r": b"60000",
+                                            b"p": b"\xc1"})
+    reply = redis_client.blpop([keys.reply(token)], timeout=20)
+    assert reply is not None and b"undecodable payload" in reply[1]
+    (letter_id, letter), = redis_client.xrange(keys.dead)
+    assert letter[b"level"] == b"2"
+    worker.send_signal(signal.SIGTERM)  # nobody reads: the replayed entry stays where it went
+    assert worker.wait(timeout=30) == 0
+    assert replay(redis_client, keys, [letter_id.decode()]) == 1
+    (_, fields), = redis_client.xrange(keys.requests_at(2))
+    assert fields[b"t"] == token.encode() and fields[b"p"] == b"\xc1"
+    assert redis_client.xlen(keys.requests) == redis_client.xlen(keys.requests_at(1)) == 0
+    assert redis_client.xlen(keys.dead) == 0
 
 
 # 3: own backlog after a failed reply --------------------------------------------------------
@@ -148,11 +187,29 @@ def test_a_worker_stuck_past_stuck_after_is_killed_and_its_work_reclaimed(redis_
     assert stuck.wait(timeout=10) == -signal.SIGKILL
 
 
-def test_a_stopped_worker_is_replaced_after_stuck_after(redis_url, prefix, workers):
-    stopped = workers.start(prefix, settings={**FAST, "stuck_after": 3.0})
-    os.kill(stopped.pid, signal.SIGSTOP)
-    assert stopped.wait(timeout=20) == -signal.SIGKILL  # killed by its heartbeat process
-    wait_until(lambda: stopped.pid not in live_pids(redis_url, prefix), timeout=5, what="its heartbeat to go")
+def test_a_stopped_worker_is_replaced_after_stuck_after_and_its_entries_reclaimed(
+        redis_client, redis_url, prefix, workers):
+    keys = Keys(prefix)
+    workers.start(prefix, wait=False, supervised=1, settings={**FAST, "stuck_after": 3.0})
+    wait_for_workers(redis_url, prefix, count=1)
+    (stopped,) = live_pids(redis_url, prefix)
+    # Stopped inside a blocking read: Redis still hands it the next entry, which it then holds.
+    wait_until(lambda: _blocked_readers(redis_client), what="the worker blocked in XREADGROUP")
+    os.kill(stopped, signal.SIGSTOP)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        future = streamer.submit([5])
+        held = wait_until(lambda: redis_client.xpending_range(keys.requests, keys.group, "-", "+", 1),
+                          what="the entry delivered to the stopped worker")
+        assert held[0]["consumer"].decode().split(":")[1] == str(stopped)
+        # killed by its heartbeat process, which removes its heartbeat; its supervisor starts another
+        live = wait_until(lambda: (pids := live_pids(redis_url, prefix)) and stopped not in pids and pids,
+                          timeout=30, what="a replacement worker")
+        assert future.result(timeout=40) == [10]
+    assert len(live) == 1
+
+
+def _blocked_readers(client: redis.Redis) -> list[dict]:
+    return [c for c in client.client_list() if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")]
 
 
 # 8: start while Redis is away ----------------------------------------------------------------
@@ -195,6 +252,22 @@ def test_a_clean_drain_exits_0_even_if_the_program_goes_on(redis_url, prefix, wo
     proc = workers.start(prefix, settings={"drain_timeout": 5.0}, linger=7.0)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
+
+
+def test_a_drain_whose_batch_never_ends_exits_1_after_drain_timeout_and_its_entries_are_reclaimed(
+        redis_url, prefix, workers, tmp_path):
+    marker = tmp_path / "hung"
+    spec = dict(model="support.models:HangOnce", init_kwargs={"marker": str(marker)}, batch_size=4)
+    stuck = workers.start(prefix, settings={**FAST, "drain_timeout": 3.0}, **spec)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        futures = [streamer.submit([n]) for n in range(3)]
+        wait_until(marker.exists, what="the model to hang mid-batch")
+        stuck.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            stuck.wait(timeout=1.0)  # the drain waits for the batch, up to drain_timeout
+        assert stuck.wait(timeout=30) == 1, "the watchdog did not end the stuck drain with code 1"
+        workers.start(prefix, settings=FAST, **spec)
+        assert [f.result(timeout=40) for f in futures] == [[0], [2], [4]]
 
 
 def test_a_reclaimed_batch_respects_the_reclaimers_batch_size(redis_url, prefix, workers, tmp_path):
@@ -240,8 +313,15 @@ def test_a_deleted_stream_is_recreated_at_once_by_idle_workers(redis_client, red
     wait_until(lambda: redis_client.exists(Keys(prefix).requests), timeout=10, what="the stream to come back")
     with RedisStreamer(redis_url, prefix, timeout=10) as streamer:
         assert streamer.predict([1]) == [2]
-    time.sleep(2.0)  # long enough for the old worker to have logged its retry twice
+    # A worker that failed to read logs "retrying" before its next read: once it has read three
+    # more times (idle reads of idle_block, 1 s, each), any retry it made is in the log.
+    reads = _xreadgroups(redis_client)
+    wait_until(lambda: _xreadgroups(redis_client) >= reads + 3, timeout=20, what="three more reads")
     assert "retrying" not in log.read_text()
+
+
+def _xreadgroups(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_xreadgroup", {}).get("calls", 0))
 
 
 def test_gpus_that_torch_does_not_see_are_reported_at_start(redis_url, prefix, caplog):
@@ -271,3 +351,33 @@ def test_run_forever_takes_the_originals_gpu_id(redis_url, prefix):
         worker.stop()
         thread.join(timeout=20)
     assert not thread.is_alive()
+
+
+# a worker whose ACL does not cover the prefix's pace key keeps serving -----------------------------
+
+
+def test_a_worker_that_may_not_publish_its_pace_keeps_serving(redis_client, redis_url, prefix, tmp_path):
+    keys = Keys(prefix)
+    user, password = f"p{prefix[-10:]}", "pw"
+    tokens = keys.reply("c:0").rsplit(":", 2)[0] + ":*"
+    cancellations = keys.cancelled("c:0").rsplit(":", 2)[0] + ":*"
+    own_keys = [f"~{key}" for key in (keys.requests, keys.workers, keys.dead, tokens, cancellations)]
+    redis_client.acl_setuser(user, enabled=True, passwords=[f"+{password}"], commands=["+@all"],
+                             keys=own_keys, reset_keys=True)
+    factory = WorkerProcesses(redis_url.replace("redis://", f"redis://{user}:{password}@"))
+    log = tmp_path / "worker.log"
+    try:
+        factory.start(prefix, settings=FAST, log_path=log, log_level="INFO")
+        with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+            for n in range(10):  # batches measured, and several reclaim ticks that publish
+                assert streamer.predict([n]) == [2 * n]
+            wait_until(lambda: "may not publish its pace" in log.read_text(), 20, what="the warning")
+            assert [streamer.predict([n]) for n in range(5)] == [[2 * n] for n in range(5)]
+        assert log.read_text().count("may not publish its pace") == 1
+        assert "Redis error" not in log.read_text(), "the refusal never failed a step of the worker"
+        assert redis_client.get(keys.pace) is None
+        wait_until(lambda: [json.loads(raw)["pace"]["ips"] for raw in redis_client.hvals(keys.workers)] != [None],
+                   20, what="its pace, still travelling in its heartbeat")
+    finally:
+        factory.stop_all()
+        redis_client.acl_deluser(user)

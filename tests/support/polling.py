@@ -1,6 +1,7 @@
 """The one polling helper of the tests: wait for a condition with a deadline, never a bare sleep."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,3 +37,15 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {described} (last error: {last_error})")
         time.sleep(interval)
+
+
+async def async_wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+                           what: str = "") -> Any:
+    """:func:`wait_until` for a coroutine: polls ``predicate`` (a plain function) between sleeps
+    that let the event loop run."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(interval)
+    return value

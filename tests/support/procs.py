@@ -50,9 +50,23 @@ class WorkerProcesses:
             wait_for_workers(spec["url"], prefix, pids={proc.pid})
         return proc
 
+    def start_caller(self, prefix: str, items: list[Any] | None = None, timeout: float = 20.0,
+                     stream_item: Any = None) -> subprocess.Popen[bytes]:
+        """A client call in its own process (support/run_caller.py), to be SIGKILLed mid-call: a
+        dead caller withdraws nothing. Its stdout (a pipe) has a line per chunk of a stream."""
+        spec = {"url": self.url, "prefix": prefix, "timeout": timeout, "items": items,
+                "stream": stream_item is not None, "item": stream_item}
+        proc = subprocess.Popen([sys.executable, str(TESTS / "support" / "run_caller.py"), json.dumps(spec)],
+                                env=test_env(), start_new_session=True,
+                                stdout=subprocess.PIPE if stream_item is not None else subprocess.DEVNULL)
+        self.procs.append(proc)
+        return proc
+
     def stop_all(self) -> None:
         for proc in self.procs:
             stop_group(proc)
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 def live_pids(url: str, prefix: str) -> set[int]:

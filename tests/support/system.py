@@ -1,35 +1,25 @@
-"""System tools some tests need (a browser, promtool): found, or installed from Debian's packages."""
+"""System tools some tests need (a browser, promtool, wrk, libfaketime): installed by `make test`
+(tests/tools/install.sh, from Debian's packages), only found here."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import threading
 
-_lock = threading.Lock()
-_updated = False
+import pytest
 
 
 def debian_tool(command: str, package: str) -> tuple[str | None, str]:
-    """The path of ``command``, installing Debian's ``package`` first when it is missing.
+    """The path of ``command``: ``(path, "")``, or ``(None, why)`` when it is missing; the caller
+    skips with that reason (a failure in CI: see tests/conftest.py)."""
+    found = shutil.which(command)
+    if found:
+        return found, ""
+    return None, f"{command} is missing: `make test-tools` installs it (apt-get install {package})"
 
-    Returns ``(path, "")``, or ``(None, why)`` when it is missing and cannot be installed (not
-    root, no apt-get, or the install failed): the caller skips with that reason.
-    """
-    global _updated
-    with _lock:
-        found = shutil.which(command)
-        if found:
-            return found, ""
-        if shutil.which("apt-get") is None or os.geteuid() != 0:
-            return None, f"{command} is missing and cannot be installed here (needs root and apt-get: " \
-                         f"apt-get install {package})"
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        steps = ([] if _updated else [["apt-get", "update", "-qq"]]) + [["apt-get", "install", "-y", "-qq", package]]
-        for step in steps:
-            result = subprocess.run(step, env=env, capture_output=True, text=True, timeout=900)
-            if result.returncode != 0:
-                return None, f"`{' '.join(step)}` failed: {result.stderr.strip()[-300:]}"
-        _updated = True
-        found = shutil.which(command)
-        return (found, "") if found else (None, f"{package} installed no {command}")
+
+def require_debian_tool(command: str, package: str) -> str:
+    """:func:`debian_tool`'s path; without it the test skips with the reason (a failure in CI:
+    tests/conftest.py turns every skip there into one)."""
+    path, why = debian_tool(command, package)
+    if path is None:
+        pytest.skip(why)
+    return path

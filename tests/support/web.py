@@ -45,10 +45,13 @@ class WebServers:
         self._logs = Path(tempfile.mkdtemp(prefix="rstreamer-web-"))
 
     def gunicorn(self, prefix: str, *, worker_class: str = "gthread", workers: int = 1,
-                 extra: tuple[str, ...] = (), **env: str) -> WebServer:
+                 extra: tuple[str, ...] = (), config: str | None = "webapp/gunicorn.conf.py", **env: str) -> WebServer:
+        """gunicorn with the repository's config (``config=None``: without one, serving the Flask app)."""
         port = free_port()
-        command = [str(BIN / "gunicorn"), "-c", "webapp/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
-                   "--workers", str(workers), "-k", worker_class, *extra]
+        settings = ["-c", config] if config else []
+        app = [] if config else ["webapp.app:create_app()"]
+        command = [str(BIN / "gunicorn"), *settings, "--bind", f"127.0.0.1:{port}",
+                   "--workers", str(workers), "-k", worker_class, *extra, *app]
         return self._start(command, port, prefix, env)
 
     def uvicorn(self, prefix: str, **env: str) -> WebServer:
@@ -87,6 +90,11 @@ class WebServers:
             return server.client.get("/healthz", timeout=1.0).status_code == 200
         except httpx.TransportError:
             return False
+
+    def stop(self, server: WebServer, grace: float = 20.0) -> None:
+        """Stop one server: SIGTERM, and SIGKILL after ``grace`` seconds; wait for it."""
+        server.client.close()
+        stop_group(server.process, grace=grace)
 
     def stop_all(self) -> None:
         for server in self.servers:

@@ -22,6 +22,7 @@ from rstreamer.batching.batcher import (
     collect_batch,
     predict_isolated,
 )
+from rstreamer.batching.costing import CostModel, OomGuard
 from rstreamer.errors import ConfigError
 from rstreamer.local import QueueSource
 from support.fakes import FakeClock
@@ -429,3 +430,30 @@ def test_collect_batch_over_a_queue_source_in_adaptive_mode_takes_what_is_queued
     started = time.monotonic()
     assert collect_batch(QueueSource(q), BatchPolicy(8, 5.0), first_wait=1.0) == ["a", "b", "c"]
     assert time.monotonic() - started < 0.5
+
+
+class OutOfMemory(Exception):
+    pass
+
+
+def test_answer_batch_recovers_from_out_of_memory_with_the_live_items_costs():
+    # Items are their costs; the model runs out of memory above 8 (costs summed).
+    now = 100.0
+    items = [Item(4, 200.0), Item(4, 200.0), Item(100, 50.0), Item(100, now), Item(4, 200.0)]
+    seen = []
+
+    def predict(batch):
+        seen.append(list(batch))
+        if sum(batch) > 8:
+            raise OutOfMemory(f"{sum(batch)} is over 8")
+        return times_two(batch)
+
+    stats = BatchStats()
+    guard = OomGuard(errors=(OutOfMemory,), cost_model=CostModel.SUM)
+    results = answer_batch(predict, items, stats, now=now, oom=guard, costs=[item.payload for item in items])
+    # the live items only (the expired ones' costs do not count), split in halves on the OOM
+    assert seen == [[4, 4, 4], [4], [4, 4]]
+    outcomes = [outcome for _, outcome in results]  # in the items' order
+    assert [(outcome.ok, outcome.value) for outcome in outcomes[:2] + outcomes[4:]] == [(True, 8)] * 3
+    assert outcomes[2:4] == [EXPIRED, EXPIRED]
+    assert guard.cap.value == stats.cost_cap == 6  # half of the batch that ran out of memory (12)

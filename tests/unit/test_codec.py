@@ -12,17 +12,13 @@ import tracemalloc
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rstreamer.codec import core as codec
 from rstreamer.codec.core import DEFAULT_MAX_BYTES, EXT_NDARRAY, EXT_TENSOR, packb, unpackb
 from rstreamer.errors import CodecError, DecodeError, EncodeError
 from support.values import assert_same, roundtrip
-
-try:
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-except ImportError:  # hypothesis is optional; the property tests are left out without it
-    given = None
 
 try:  # imported at collection, so that no single test pays for torch's slow import
     import torch as _torch
@@ -745,56 +741,55 @@ def test_small_messages_skip_the_counting_hooks(monkeypatch):
 
 # --- properties (hypothesis) ---------------------------------------------------------------
 
-if given is not None:
-    _FAST = settings(
-        max_examples=60,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )
+_FAST = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
-    _json_like = st.recursive(
-        st.none()
-        | st.booleans()
-        | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-        | st.floats(allow_nan=False)
-        | st.text(max_size=20)
-        | st.binary(max_size=20),
-        lambda children: st.lists(children, max_size=5)
-        | st.dictionaries(st.text(max_size=8) | st.integers(-1000, 1000), children, max_size=5),
-        max_leaves=12,
-    )
+_json_like = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=8) | st.integers(-1000, 1000), children, max_size=5),
+    max_leaves=12,
+)
 
-    @_FAST
-    @given(_json_like)
-    def test_property_json_like_values_roundtrip(value):
-        assert_same(roundtrip(value), value)
+@_FAST
+@given(_json_like)
+def test_property_json_like_values_roundtrip(value):
+    assert_same(roundtrip(value), value)
 
-    @_FAST
-    @given(
-        st.sampled_from(NUMPY_DTYPES),
-        st.lists(st.integers(0, 4), max_size=3),
-    )
-    def test_property_ndarray_roundtrip(dtype, shape):
-        array = (np.arange(math.prod(shape)) % 7).astype(dtype).reshape(shape)
-        assert_same_array(roundtrip(array), array)
+@_FAST
+@given(
+    st.sampled_from(NUMPY_DTYPES),
+    st.lists(st.integers(0, 4), max_size=3),
+)
+def test_property_ndarray_roundtrip(dtype, shape):
+    array = (np.arange(math.prod(shape)) % 7).astype(dtype).reshape(shape)
+    assert_same_array(roundtrip(array), array)
 
-    @_FAST
-    @given(st.binary(max_size=200))
-    def test_property_arbitrary_bytes_decode_or_raise_decode_error(data):
-        try:
-            unpackb(data)
-        except DecodeError:
-            pass
+@_FAST
+@given(st.binary(max_size=200))
+def test_property_arbitrary_bytes_decode_or_raise_decode_error(data):
+    try:
+        unpackb(data)
+    except DecodeError:
+        pass
 
-    _VALID = packb([np.arange(6, dtype=np.float32).reshape(2, 3), "s", {1: b"b"}])
+_VALID = packb([np.arange(6, dtype=np.float32).reshape(2, 3), "s", {1: b"b"}])
 
-    @_FAST
-    @given(st.integers(0, len(_VALID) - 1), st.integers(0, 255))
-    def test_property_corrupted_message_decodes_or_raises_decode_error(position, byte):
-        data = bytearray(_VALID)
-        data[position] = byte
-        try:
-            unpackb(bytes(data))
-        except DecodeError:
-            pass
+@_FAST
+@given(st.integers(0, len(_VALID) - 1), st.integers(0, 255))
+def test_property_corrupted_message_decodes_or_raises_decode_error(position, byte):
+    data = bytearray(_VALID)
+    data[position] = byte
+    try:
+        unpackb(bytes(data))
+    except DecodeError:
+        pass

@@ -14,6 +14,8 @@ import zoneinfo
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rstreamer
 from rstreamer.codec import core as codec
@@ -36,12 +38,6 @@ from rstreamer.codec.core import (
 )
 from rstreamer.errors import ConfigError, DecodeError, EncodeError
 from support.values import assert_same, roundtrip
-
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # hypothesis is optional; the property tests are left out without it
-    given = None
 
 UTC = datetime.timezone.utc
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
@@ -364,48 +360,47 @@ def test_registered_values_count_against_the_nesting_limit(registered):
 
 # --- properties (hypothesis) ---------------------------------------------------------------
 
-if given is not None:
-    _FAST = settings(max_examples=80, deadline=None, database=None)
+_FAST = settings(max_examples=80, deadline=None, database=None)
 
-    _timezones = st.none() | st.timezones() | st.builds(
-        datetime.timezone,
-        st.timedeltas(min_value=datetime.timedelta(hours=-23), max_value=datetime.timedelta(hours=23)),
-    )
-    _hashable = st.recursive(
-        st.none()
-        | st.booleans()
-        | st.integers()
-        | st.floats(allow_nan=False)
-        | st.text(max_size=8)
-        | st.binary(max_size=8)
-        | st.complex_numbers(allow_nan=False)
-        | st.decimals(allow_nan=False)  # NaN != NaN; the NaNs have their own test above
-        | st.uuids()
-        | st.dates()
-        | st.timedeltas()
-        | st.datetimes(timezones=_timezones, allow_imaginary=False)
-        | st.times(timezones=st.none() | st.just(UTC)),
-        lambda children: st.tuples(children, children) | st.frozensets(children, max_size=4),
-        max_leaves=8,
-    )
-    _values = st.recursive(
-        _hashable,
-        lambda children: st.lists(children, max_size=4)
-        | st.tuples(children)
-        | st.sets(_hashable, max_size=4)
-        | st.dictionaries(_hashable, children, max_size=4),
-        max_leaves=16,
-    )
+_timezones = st.none() | st.timezones() | st.builds(
+    datetime.timezone,
+    st.timedeltas(min_value=datetime.timedelta(hours=-23), max_value=datetime.timedelta(hours=23)),
+)
+_hashable = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | st.complex_numbers(allow_nan=False)
+    | st.decimals(allow_nan=False)  # NaN != NaN; the NaNs have their own test above
+    | st.uuids()
+    | st.dates()
+    | st.timedeltas()
+    | st.datetimes(timezones=_timezones, allow_imaginary=False)
+    | st.times(timezones=st.none() | st.just(UTC)),
+    lambda children: st.tuples(children, children) | st.frozensets(children, max_size=4),
+    max_leaves=8,
+)
+_values = st.recursive(
+    _hashable,
+    lambda children: st.lists(children, max_size=4)
+    | st.tuples(children)
+    | st.sets(_hashable, max_size=4)
+    | st.dictionaries(_hashable, children, max_size=4),
+    max_leaves=16,
+)
 
-    @_FAST
-    @given(_values)
-    def test_property_values_roundtrip_with_their_types(value):
-        assert_same(roundtrip(value), value)
+@_FAST
+@given(_values)
+def test_property_values_roundtrip_with_their_types(value):
+    assert_same(roundtrip(value), value)
 
-    @_FAST
-    @given(st.binary(max_size=300), st.sampled_from(sorted(codec._LEAF_DECODERS) + sorted(codec._NESTED_DECODERS)))
-    def test_property_arbitrary_extension_payloads_decode_or_raise_decode_error(payload, code):
-        try:
-            unpackb(ext(code, payload))
-        except DecodeError:
-            pass
+@_FAST
+@given(st.binary(max_size=300), st.sampled_from(sorted(codec._LEAF_DECODERS) + sorted(codec._NESTED_DECODERS)))
+def test_property_arbitrary_extension_payloads_decode_or_raise_decode_error(payload, code):
+    try:
+        unpackb(ext(code, payload))
+    except DecodeError:
+        pass

@@ -1,8 +1,9 @@
 """docker-compose.yml, deploy/k8s/*.yaml, deploy/Dockerfile and deploy/redis.conf agree with the code.
 
 Every command they run is a console script or gunicorn, every option exists in the worker CLI's
-parser, every RSTREAMER_* variable is read by the code, ports line up, and the KEDA scaler
-watches the stream and group that rstreamer.wire.keys names.
+parser, every RSTREAMER_* variable is read by the code, ports line up, every deployment exports its
+metrics where its Prometheus scrapes them, and KEDA scales the workers on the exporter's drain time
+of the configured prefix and wakes them from zero.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import pytest
 import yaml
 
 from rstreamer.settings import ENV_PREFIX, ClientSettings, WorkerSettings
-from rstreamer.wire.keys import GROUP, Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -220,7 +220,7 @@ def variables_read_by_the_code() -> set[str]:
     cli = importlib.import_module("rstreamer.cli")
     known = set(getattr(cli, "WORKER_ENV", {}).values())
     known |= {ENV_PREFIX + f.name.upper() for cls in (ClientSettings, WorkerSettings) for f in fields(cls)}
-    for path in [*ROOT.glob("rstreamer/*.py"), *ROOT.glob("webapp/*.py")]:
+    for path in [*ROOT.glob("rstreamer/**/*.py"), *ROOT.glob("webapp/*.py")]:
         known |= set(re.findall(r"RSTREAMER_[A-Z_]+", path.read_text()))
     return known
 
@@ -250,15 +250,12 @@ def test_compose_redis_url_points_at_the_redis_service():
     assert "redis" in compose()["services"]
 
 
-def test_k8s_redis_url_and_keda_address_point_at_the_redis_service():
+def test_k8s_redis_url_points_at_the_redis_service():
     secret = manifest("Secret", "rstreamer-redis")["stringData"]
     url = urlsplit(secret["url"])
     redis_service = manifest("Service", url.hostname)
     assert url.port in [p["port"] for p in redis_service["spec"]["ports"]]
-    trigger = keda_trigger()
-    assert trigger["metadata"]["address"] == f"{url.hostname}:{url.port}"
-    assert trigger["metadata"].get("databaseIndex", "0") == (url.path.strip("/") or "0")
-    for deployment in ("rstreamer-worker", "rstreamer-web"):
+    for deployment in ("rstreamer-worker", "rstreamer-web", "rstreamer-exporter"):
         env = {item["name"]: item for item in container(deployment)["env"]}
         assert env["RSTREAMER_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rstreamer-redis", "key": "url"}
 
@@ -266,26 +263,44 @@ def test_k8s_redis_url_and_keda_address_point_at_the_redis_service():
 # --- KEDA ----------------------------------------------------------------------------------------
 
 
-def keda_trigger() -> dict[str, Any]:
-    (trigger,) = manifest("ScaledObject", "rstreamer-worker")["spec"]["triggers"]
+def keda_trigger(name: str) -> dict[str, Any]:
+    (trigger,) = [t for t in manifest("ScaledObject", "rstreamer-worker")["spec"]["triggers"] if t.get("name") == name]
     return trigger
 
 
-def test_keda_scales_the_worker_deployment_on_the_prefix_stream_lag():
+def test_keda_wakes_the_worker_deployment_from_zero_on_the_first_waiting_item():
     scaled = manifest("ScaledObject", "rstreamer-worker")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     manifest("Deployment", scaled["spec"]["scaleTargetRef"]["name"])
-    trigger = keda_trigger()
-    assert trigger["type"] == "redis-streams"
-    metadata = trigger["metadata"]
-    assert metadata["stream"] == Keys(configmap_data()["RSTREAMER_PREFIX"]).requests
-    assert metadata["consumerGroup"] == GROUP
-    # Lag mode: lagCount (+ activationLagCount), not pendingEntriesCount or streamLength.
-    assert int(metadata["lagCount"]) > 0 and int(metadata["activationLagCount"]) >= 0
-    assert not {"pendingEntriesCount", "streamLength"} & set(metadata)
-    auth = manifest("TriggerAuthentication", trigger["authenticationRef"]["name"])
-    for ref in auth["spec"]["secretTargetRef"]:
-        assert ref["key"] in manifest("Secret", ref["name"])["stringData"]
+    assert scaled["spec"]["minReplicaCount"] == 0
+    trigger = keda_trigger("wake")
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    prefix = configmap_data()["RSTREAMER_PREFIX"]
+    # Waiting and pending items of every level: the exporter's gauges, which need no consumer group
+    # (a prefix no worker ever served has none) and still speak when no worker is live.
+    assert trigger["metadata"]["query"] == (f'sum(rstreamer_queue_length{{prefix="{prefix}"}}) + '
+                                            f'sum(rstreamer_queue_pending{{prefix="{prefix}"}})')
+    assert trigger["metadata"]["activationThreshold"] == "0"
+    assert float(trigger["metadata"]["threshold"]) >= 1000, "it wakes the fleet; the drain time sizes it"
+    assert trigger["metadata"]["serverAddress"] == keda_trigger("drain")["metadata"]["serverAddress"]
+    # A call to a fleet at zero must reach a web pod and wait there, enqueued, for the wake.
+    assert float(configmap_data()["RSTREAMER_COLD_START_WAIT"]) > 0
+
+
+def test_keda_sizes_the_fleet_on_the_prefix_drain_time():
+    trigger = keda_trigger("drain")
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "Value"
+    query = trigger["metadata"]["query"]
+    prefix = configmap_data()["RSTREAMER_PREFIX"]
+    assert query == f'sum(rstreamer_queue_drain_seconds{{prefix="{prefix}"}})'
+    from rstreamer.ops.metrics import QueueCollector
+
+    assert "rstreamer_queue_drain_seconds" in {name for name, _ in QueueCollector.LEVEL_GAUGES.values()}
+    # The threshold is the target drain time, one setting with the exporter's: kustomize copies it.
+    rendered = {(doc["kind"], doc["metadata"]["name"]): doc for doc in render_kustomization()}
+    target = rendered["ConfigMap", "rstreamer-config"]["data"]["RSTREAMER_DRAIN_TARGET"]
+    (drain,) = [t for t in rendered["ScaledObject", "rstreamer-worker"]["spec"]["triggers"] if t["name"] == "drain"]
+    assert drain["metadata"]["threshold"] == target and float(target) > 0
 
 
 def test_worker_pods_request_a_gpu_and_drain_before_the_kill():
@@ -401,3 +416,212 @@ def test_dockerfile_copies_every_package_setup_cfg_ships():
     for name in ("web", "worker"):
         copied = set(re.findall(r"^COPY (\w+) \./\1$", stages()[name], re.M))
         assert packages <= copied, f"not copied into the {name} image: {sorted(packages - copied)}"
+
+
+# --- metrics wherever it is deployed ----------------------------------------------------------------
+
+PROMETHEUS = DEPLOY / "prometheus"
+JOBS = {"rstreamer-exporter", "rstreamer-worker", "rstreamer-web"}
+
+
+def exporter_args(argv: list[str]) -> argparse.Namespace:
+    from rstreamer.ops.exporter import parser
+
+    assert argv[:2] == ["rstreamer", "exporter"], argv
+    assert console_scripts()["rstreamer"] == "rstreamer.cli:main"
+    return parser().parse_args(argv[2:])
+
+
+def test_compose_runs_the_exporter_listening_for_prometheus():
+    args = exporter_args(service("exporter")["command"])
+    assert args.host == "0.0.0.0", "bound to the container's interfaces, or Prometheus cannot reach it"
+    assert service("exporter")["environment"] is service("worker")["environment"] or \
+        service("exporter")["environment"] == service("worker")["environment"]
+    assert service("exporter")["build"]["target"] == "web", "the exporter needs no torch"
+    assert str(args.port) in " ".join(healthcheck_argv(service("exporter")["healthcheck"]))
+
+
+def test_compose_workers_export_their_metrics_to_prometheus():
+    argv = service("worker")["command"]
+    assert option_value(argv, "--metrics-host") == "0.0.0.0"
+    port = int(option_value(argv, "--metrics-port"))
+    assert str(port) in [str(p) for p in service("worker")["expose"]]
+    assert int(compose()["x-rstreamer-env"]["RSTREAMER_WORKERS_PER_GPU"]) == 1, \
+        "deploy/prometheus/prometheus.yml scrapes one metrics port per worker container"
+
+
+def prometheus_config() -> dict[str, Any]:
+    return yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+
+
+def scrape_jobs(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {job["job_name"]: job for job in config["scrape_configs"]}
+
+
+def test_compose_prometheus_scrapes_every_service_that_exports_metrics():
+    jobs = scrape_jobs(prometheus_config())
+    assert set(jobs) == JOBS
+    (exporter_target,) = jobs["rstreamer-exporter"]["static_configs"][0]["targets"]
+    assert exporter_target == f"exporter:{exporter_args(service('exporter')['command']).port}"
+    (workers,) = jobs["rstreamer-worker"]["dns_sd_configs"]
+    assert workers["names"] == ["worker"] and workers["port"] == int(option_value(service("worker")["command"],
+                                                                                   "--metrics-port"))
+    (web,) = jobs["rstreamer-web"]["dns_sd_configs"]
+    assert web["names"] == ["web"] and web["port"] == bind_port(service("web")["command"])
+    # The rules file mounted where the config loads it, and the config mounted where Prometheus reads it.
+    mounts = dict(volume.rsplit(":", 2)[:2] for volume in service("prometheus")["volumes"] if volume.startswith("./"))
+    assert mounts["./deploy/grafana/rstreamer-alerts.yml"] in prometheus_config()["rule_files"]
+    assert "--config.file=" + mounts["./deploy/prometheus/prometheus.yml"] in service("prometheus")["command"]
+
+
+def test_compose_grafana_loads_the_board_from_the_compose_prometheus():
+    grafana = service("grafana")
+    mounts = dict(volume.rsplit(":", 2)[:2] for volume in grafana["volumes"])
+    provisioning = DEPLOY / "grafana" / "provisioning"
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    port = service("prometheus")["ports"][0].split(":")[-1]
+    assert source["type"] == "prometheus" and source["url"] == f"http://prometheus:{port}" and source["isDefault"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "rstreamer.yml").read_text())["providers"]
+    board = mounts["./deploy/grafana/rstreamer-dashboard.json"]
+    assert Path(board).parent == Path(provider["options"]["path"])
+
+
+def annotated_pods() -> dict[str, tuple[dict[str, str], dict[str, Any]]]:
+    """Deployments whose pods ask to be scraped: their annotations and their one container."""
+    found = {}
+    for doc in render_kustomization():
+        if doc["kind"] != "Deployment":
+            continue
+        template = doc["spec"]["template"]
+        annotations = template["metadata"].get("annotations", {})
+        if annotations.get("prometheus.io/scrape") == "true":
+            (only,) = template["spec"]["containers"]
+            found[doc["metadata"]["name"]] = (annotations, only)
+    return found
+
+
+def test_k8s_every_rstreamer_deployment_is_scraped_on_its_metrics_port():
+    pods = annotated_pods()
+    assert set(pods) == JOBS, "the job label is the pod's app.kubernetes.io/name"
+    for name, (pod_annotations, container_spec) in pods.items():
+        ports = {port["containerPort"] for port in container_spec["ports"]}
+        assert int(pod_annotations["prometheus.io/port"]) in ports, name
+        assert pod_annotations["prometheus.io/path"] == "/metrics"
+    worker = pods["rstreamer-worker"][1]
+    argv = worker["command"] + worker.get("args", [])
+    assert option_value(argv, "--metrics-host") == "0.0.0.0"
+    assert int(option_value(argv, "--metrics-port")) == int(pods["rstreamer-worker"][0]["prometheus.io/port"])
+    exporter = pods["rstreamer-exporter"][1]
+    args = exporter_args(exporter["command"])
+    assert args.host == "0.0.0.0" and args.port == int(pods["rstreamer-exporter"][0]["prometheus.io/port"])
+    assert bind_port(pods["rstreamer-web"][1]["command"]) == int(pods["rstreamer-web"][0]["prometheus.io/port"])
+    service_ = manifest("Service", "rstreamer-exporter")
+    assert service_["spec"]["selector"].items() <= \
+        manifest("Deployment", "rstreamer-exporter")["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_k8s_prometheus_config_keeps_the_annotated_pods_and_names_jobs_after_them():
+    config = yaml.safe_load((PROMETHEUS / "kubernetes.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    relabel = {rule.get("target_label") or rule["source_labels"][0]: rule for rule in job["relabel_configs"]}
+    assert relabel["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]["action"] == "keep"
+    assert relabel["job"]["source_labels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_name"]
+    assert relabel["__address__"]["source_labels"][1] == "__meta_kubernetes_pod_annotation_prometheus_io_port"
+    assert config["rule_files"] == prometheus_config()["rule_files"]
+
+
+# --- kustomize ---------------------------------------------------------------------------------------
+
+
+def render_kustomization() -> list[dict[str, Any]]:
+    """deploy/k8s as kustomize renders it: its resources with its replacements applied.
+
+    Rendered here in Python (kustomize is not a Debian package, and kubernetes-client's is too old
+    for replacements); :func:`test_the_python_render_is_kustomize_s` compares it with a real
+    kustomize wherever one is installed. Fields this render does not know fail, never pass silently.
+    """
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    unknown = set(kustomization) - {"apiVersion", "kind", "resources", "replacements"}
+    assert not unknown, f"kustomization.yaml uses {sorted(unknown)}: teach render_kustomization() about them"
+    documents = [doc for name in kustomization["resources"]
+                 for doc in yaml.safe_load_all((K8S / name).read_text()) if doc]
+    for replacement in kustomization.get("replacements", []):
+        source = _selected(documents, replacement["source"])
+        (value,) = [_field(doc, replacement["source"]["fieldPath"]) for doc in source]
+        for target in replacement["targets"]:
+            for doc in _selected(documents, target["select"]):
+                for path in target["fieldPaths"]:
+                    _set_field(doc, path, value)
+    return documents
+
+
+def _selected(documents: list[dict[str, Any]], select: dict[str, str]) -> list[dict[str, Any]]:
+    found = [doc for doc in documents if doc["kind"] == select["kind"] and doc["metadata"]["name"] == select["name"]]
+    assert found, f"no {select} in deploy/k8s"
+    return found
+
+
+def _steps(path: str) -> list[str]:
+    return re.findall(r"\[[^\]]*\]|[^.\[\]]+", path)
+
+
+def _step(node: Any, step: str) -> Any:
+    if step.startswith("["):
+        key, value = step[1:-1].split("=", 1)
+        (item,) = [item for item in node if str(item.get(key)) == value]
+        return item
+    return node[step]
+
+
+def _field(doc: dict[str, Any], path: str) -> Any:
+    node: Any = doc
+    for step in _steps(path):
+        node = _step(node, step)
+    return node
+
+
+def _set_field(doc: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = _steps(path)
+    node: Any = doc
+    for step in parents:
+        node = _step(node, step)
+    assert last in node, f"{path}: kustomize replaces fields that exist"
+    node[last] = value
+
+
+def kustomize_command() -> list[str] | None:
+    import shutil
+
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+def test_the_python_render_is_kustomize_s():
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("no kustomize or kubectl here: the Python render stands alone")
+    done = subprocess.run([*command, str(K8S)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 and "replacements" in done.stderr:
+        pytest.skip(f"{command[0]} is too old for replacements: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr
+    real = {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(done.stdout) if doc}
+    ours = {(doc["kind"], doc["metadata"]["name"]): doc for doc in render_kustomization()}
+    assert real == ours
+
+
+def test_the_rendered_manifests_hold_together():
+    rendered = render_kustomization()
+    names = [(doc["kind"], doc["metadata"]["name"]) for doc in rendered]
+    assert len(names) == len(set(names)), "no object twice"
+    for doc in rendered:
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "rstreamer", doc["metadata"]["name"]
+        if doc["kind"] == "Deployment":
+            selector = doc["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= doc["spec"]["template"]["metadata"]["labels"].items()
+            for ref in doc["spec"]["template"]["spec"]["containers"][0].get("envFrom", []):
+                assert ("ConfigMap", ref["configMapRef"]["name"]) in names

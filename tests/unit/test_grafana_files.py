@@ -12,13 +12,12 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
 from rstreamer.ops import metrics
 from rstreamer.worker.records import WorkerStats
-from support.system import debian_tool
+from support.system import require_debian_tool
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 BOARD = GRAFANA / "rstreamer-dashboard.json"
@@ -32,9 +31,12 @@ def exported_names() -> set[str]:
     worker.track(WorkerStats())
     with metrics.ClientMetrics(registry).track("p"):  # one call makes the labelled client series exist
         pass
+    level = {"level": 0, "queue_length": 0, "oldest_wait_s": 0.0, "drain_s": 0.0}
     registry.register(metrics.QueueCollector(lambda: [{"prefix": "p", "queue_length": 0, "pending": 0,
-                                                       "dead_letters": 0, "oldest_wait_s": 0.0, "workers": []}]))
-    return {sample.name for family in registry.collect() for sample in family.samples}
+                                                       "dead_letters": 0, "oldest_wait_s": 0.0, "workers": [],
+                                                       "levels": [level], "drain": {"items_per_s": 1.0}}],
+                                             drain_target=30.0))
+    return {sample.name for family in registry.collect() for sample in family.samples} | {"up"}
 
 
 def board_queries() -> list[str]:
@@ -64,17 +66,29 @@ def test_the_board_covers_what_operators_ask_for():
 
 def test_every_rule_has_a_severity_and_a_summary():
     rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
-    assert {rule["alert"] for rule in rules} == {"RStreamerNoLiveWorker", "RStreamerOldestItemWaiting",
-                                                 "RStreamerDeadLettersGrowing", "RStreamerErrorRatioHigh"}
+    assert {rule["alert"] for rule in rules} == {
+        "RStreamerNoLiveWorker", "RStreamerQueueMetricsMissing", "RStreamerScrapeTargetDown",
+        "RStreamerOldestItemWaiting", "RStreamerDrainTimeAboveTarget", "RStreamerDeadLettersGrowing",
+        "RStreamerErrorRatioHigh"}
     for rule in rules:
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
 
 
-@pytest.mark.timeout(900)  # the first run may install Debian's prometheus package
+def test_every_alert_has_a_promtool_test_and_the_critical_ones_one_of_their_source_gone():
+    rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+    tests = yaml.safe_load((GRAFANA / "rstreamer-alerts-test.yml").read_text())["tests"]
+    fired = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
+    assert {rule["alert"] for rule in rules} <= fired, "every alert is tested firing"
+    critical = [rule for rule in rules if rule["labels"]["severity"] == "critical"]
+    # The source of the critical alerts is the exporter: a critical rule fires on its absence.
+    assert any("absent(" in rule["expr"] and "rstreamer_queue_" in rule["expr"] for rule in critical)
+    gone = [test for test in tests if any("stale" in series["values"] for series in test["input_series"])]
+    assert any(case["alertname"] == "RStreamerQueueMetricsMissing" and case["exp_alerts"]
+               for test in gone for case in test["alert_rule_test"])
+
+
 def test_promtool_checks_and_unit_tests_the_rules():
-    promtool, why = debian_tool("promtool", "prometheus")
-    if promtool is None:
-        pytest.skip(why)
+    promtool = require_debian_tool("promtool", "prometheus")
     for args in (["check", "rules", RULES.name], ["test", "rules", "rstreamer-alerts-test.yml"]):
         result = subprocess.run([promtool, *args], cwd=GRAFANA, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rstreamer.errors import ConfigError
 from rstreamer.wire.keys import (
@@ -12,16 +15,13 @@ from rstreamer.wire.keys import (
     GROUP,
     REQUESTS_PATTERN,
     Keys,
+    is_answer_token,
+    is_job_id,
     is_reply_token,
+    job_of_token,
     prefix_of_requests_key,
     validate_prefix,
 )
-
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # hypothesis is optional; the property tests are left out without it
-    given = None
 
 PREFIXES = ["default", "a", "Z", "0", "resnet50", "bert-base.v2_int8", "-", ".", "_", "x" * 100]
 TOKENS = ["c:0", "client:1", "host-1.pid_2:123", "a" * 64 + ":" + "9" * 20]
@@ -33,7 +33,7 @@ def all_keys(keys: Keys) -> list[str]:
             + [keys.requests_at(level) for level in range(1, 16)] + keys.job_keys(job)
             + [keys.reply(t) for t in TOKENS] + [keys.cancelled(t) for t in TOKENS]
             + [keys.stream_control(t) for t in TOKENS]
-            + [keys.quotas, keys.bucket("acme"), keys.bucket("a@b.c")])
+            + [keys.quotas, keys.pace, keys.bucket("acme"), keys.bucket("a@b.c")])
 
 
 def hash_tag(key: str) -> str:
@@ -267,43 +267,42 @@ def test_prefix_of_requests_key_of_other_keys_of_a_prefix_is_none():
 
 # --- properties (hypothesis) ---------------------------------------------------------------
 
-if given is not None:
-    _FAST = settings(max_examples=100, deadline=None, database=None)
-    _prefix = st.from_regex(r"[A-Za-z0-9_.\-]{1,100}", fullmatch=True)
-    _token = st.from_regex(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}", fullmatch=True)
+_FAST = settings(max_examples=100, deadline=None, database=None)
+_prefix = st.from_regex(r"[A-Za-z0-9_.\-]{1,100}", fullmatch=True)
+_token = st.from_regex(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}", fullmatch=True)
 
-    @_FAST
-    @given(_prefix, _token)
-    def test_property_valid_prefix_and_token(prefix, token):
-        keys = Keys(prefix)
-        assert prefix_of_requests_key(keys.requests) == prefix
-        for key in [keys.requests, keys.dead, keys.workers, keys.reply(token)]:
-            assert key.startswith(f"rstreamer:{{{prefix}}}:")
-            assert "::" not in key
-            assert hash_tag(key) == prefix
+@_FAST
+@given(_prefix, _token)
+def test_property_valid_prefix_and_token(prefix, token):
+    keys = Keys(prefix)
+    assert prefix_of_requests_key(keys.requests) == prefix
+    for key in [keys.requests, keys.dead, keys.workers, keys.reply(token)]:
+        assert key.startswith(f"rstreamer:{{{prefix}}}:")
+        assert "::" not in key
+        assert hash_tag(key) == prefix
 
-    @_FAST
-    @given(st.text(max_size=120))
-    def test_property_any_text_is_a_valid_prefix_or_a_config_error(text):
-        try:
-            prefix = validate_prefix(text)
-        except ConfigError:
-            return
-        assert prefix == (text or "default")
-        assert not set(prefix) & set("{}: \n*?[]")
-        assert prefix_of_requests_key(Keys(prefix).requests) == prefix
+@_FAST
+@given(st.text(max_size=120))
+def test_property_any_text_is_a_valid_prefix_or_a_config_error(text):
+    try:
+        prefix = validate_prefix(text)
+    except ConfigError:
+        return
+    assert prefix == (text or "default")
+    assert not set(prefix) & set("{}: \n*?[]")
+    assert prefix_of_requests_key(Keys(prefix).requests) == prefix
 
-    @_FAST
-    @given(st.text(max_size=90))
-    def test_property_reply_key_never_escapes_its_prefix(text):
-        keys = Keys("p")
-        if not is_reply_token(text):
-            with pytest.raises(ValueError):
-                keys.reply(text)
-            return
-        key = keys.reply(text)
-        assert hash_tag(key) == "p"
-        assert key.count(":") == 5 and "::" not in key
+@_FAST
+@given(st.text(max_size=90))
+def test_property_reply_key_never_escapes_its_prefix(text):
+    keys = Keys("p")
+    if not is_reply_token(text):
+        with pytest.raises(ValueError):
+            keys.reply(text)
+        return
+    key = keys.reply(text)
+    assert hash_tag(key) == "p"
+    assert key.count(":") == 5 and "::" not in key
 
 
 def test_level_zero_is_the_requests_stream_of_old_clients_and_workers():
@@ -314,3 +313,42 @@ def test_level_zero_is_the_requests_stream_of_old_clients_and_workers():
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError):
             keys.requests_at(bad)
+
+
+# --- the names the docs and the Lua scripts rely on (found by mutation testing) -------------
+
+JOB = "0123456789abcdef0123456789abcdef"
+
+
+def test_job_tenant_and_token_keys_have_their_documented_names():
+    keys = Keys("p")
+    assert keys.job(JOB) == f"rstreamer:{{p}}:job:{JOB}"  # docs/jobs.md, "Keys"
+    assert keys.job_inputs(JOB) == f"rstreamer:{{p}}:job:{JOB}:inputs"
+    assert keys.job_results(JOB) == f"rstreamer:{{p}}:job:{JOB}:results"
+    assert keys.job_log(JOB) == f"rstreamer:{{p}}:job:{JOB}:log"
+    assert keys.bucket("acme.eu@x") == "rstreamer:{p}:bucket:acme.eu@x"
+    assert keys.cancelled("c:1") == "rstreamer:{p}:cancelled:c:1"
+    assert keys.stream_control("c:1") == "rstreamer:{p}:stream:c:1"
+
+
+@pytest.mark.parametrize(("build", "bad", "message"), [
+    (Keys.job, "ABC", "invalid job id 'ABC'"),
+    (Keys.job_inputs, JOB[:-1], "invalid job id"),
+    (Keys.job_results, JOB + "0", "invalid job id"),
+    (Keys.job_log, 42, "invalid job id 42"),
+    (Keys.bucket, "no spaces", "invalid tenant 'no spaces'"),
+    (Keys.bucket, 7, "invalid tenant 7"),
+    (Keys.cancelled, "c:x", "invalid reply token 'c:x'"),
+    (Keys.stream_control, "../c:1", "invalid reply token"),
+    (Keys.requests_at, -1, "invalid priority level -1"),
+])
+def test_a_key_of_an_invalid_name_is_a_clear_error(build, bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(Keys("p"), bad)
+
+
+def test_job_tokens_name_their_job_and_nothing_else():
+    assert job_of_token(f"job:{JOB}") == JOB
+    assert job_of_token(JOB) is None and job_of_token(f"job:{JOB}x") is None and job_of_token(None) is None
+    assert is_job_id(JOB) and not is_job_id(JOB.upper()) and not is_job_id(None)
+    assert is_answer_token(f"job:{JOB}") and is_answer_token("c:1") and not is_answer_token("job:x")

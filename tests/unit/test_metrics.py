@@ -8,11 +8,32 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rstreamer.broker.embedded import free_port
-from rstreamer.errors import BrokerUnavailable, DeadLettered, EncodeError, Overloaded, RemoteError, StreamerTimeout
+from rstreamer.errors import (
+    BrokerUnavailable,
+    CallTooLarge,
+    DeadLettered,
+    EncodeError,
+    NoLiveWorker,
+    Overloaded,
+    RateLimited,
+    RemoteError,
+    StreamerTimeout,
+)
 from rstreamer.ops import metrics
-from rstreamer.ops.status import Snapshot, format_all_prefixes, format_prefix_status, throughput, worker_rows
+from rstreamer.ops.status import (
+    LevelDepth,
+    Snapshot,
+    drain_report,
+    format_all_prefixes,
+    format_drain,
+    format_prefix_status,
+    level_rows,
+    throughput,
+    worker_rows,
+)
 from rstreamer.worker.records import WorkerStats
 from rstreamer.worker.supervisor import StatsSummary
+from webapp.protocol import bad_request, too_large
 
 
 def value(registry, name, **labels):
@@ -69,10 +90,27 @@ def test_worker_metrics_are_served_over_http():
     (RemoteError("ValueError", "bad"), "model_error"),
     (DeadLettered("DeadLettered", "too often"), "model_error"),
     (EncodeError("object dtype"), "invalid"),
+    (NoLiveWorker("nobody"), "no_worker"),
+    (CallTooLarge("big"), "too_large"),
+    (RateLimited("slow down", 2.0), "rate_limited"),
+    (too_large(100), "too_large"),
+    (bad_request("not JSON"), "invalid"),
     (RuntimeError("other"), "error"),
 ])
 def test_outcome_labels(exc, outcome):
     assert metrics.outcome_of(exc) == outcome
+    assert outcome in metrics.OUTCOMES
+
+
+def test_a_call_counted_before_its_items_are_known():
+    registry = CollectorRegistry()
+    client = metrics.ClientMetrics(registry)
+    with pytest.raises(NoLiveWorker), client.track("web", 0) as call:
+        call.add_items(3)
+        raise NoLiveWorker("nobody")
+    assert value(registry, "rstreamer_client_requests_total", prefix="web", outcome="no_worker") == 1
+    assert value(registry, "rstreamer_client_items_total", prefix="web") == 3
+    assert value(registry, "rstreamer_client_in_flight_items", prefix="web") == 0
 
 
 class FakeStreamer:
@@ -130,12 +168,33 @@ def test_throughput_sums_per_worker_rates_between_heartbeats():
 
 
 def test_worker_rows_keep_live_workers_only():
-    state = snap(10_000, {"live": beat(9_500, 3, 1, errors=1), "dead": beat(5_000, 9, 9)}, by_consumer={"live": 2})
+    state = snap(10_000, {"live": beat(9_500, 3, 1, errors=1, slot=0, supervisor=7, restarts=2,
+                                       last_exit="killed by SIGKILL", last_exit_at=1.5, pace={"ips": 40.0}),
+                          "dead": beat(5_000, 9, 9)}, by_consumer={"live": 2})
     assert state.queue_length == 3
     assert worker_rows(state, dead_after=2.0) == [{
         "name": "live", "host": "h", "pid": 1, "gpu": None, "last_seen_s": 0.5, "batches": 1, "items": 3,
         "errors": 1, "expired": 0, "reclaimed": 0, "dead_lettered": 0, "cancelled": 0, "pending": 2,
-        "cost_cap": None}]
+        "cost_cap": None, "slot": 0, "supervisor": 7, "restarts": 2, "last_exit": "killed by SIGKILL",
+        "last_exit_at": 1.5, "started": None, "items_per_busy_s": 40.0}]
+
+
+def test_drain_report_and_level_rows_use_the_live_workers_capacity():
+    levels = (LevelDepth(0, 8, 12, 2, 9_000), LevelDepth(1, 1, 30, 0, 8_000))
+    workers = {"a": beat(9_900, 0, 0, pace={"ips": 5.0, "cpi": 2.0}), "b": beat(9_900, 0, 0),
+               "gone": beat(1_000, 0, 0, pace={"ips": 500.0})}
+    state = Snapshot("p", 10_000, 42, 2, {}, 0, workers, levels)
+    # a drains 10 cost units/s; b has not measured yet and counts as a: 20 units/s, 2 per item.
+    assert drain_report(state, dead_after=2.0) == {"seconds": 4.2, "backlog": 42, "items_per_s": 10.0,
+                                                   "cost_per_item": 2.0}
+    rows = level_rows(state, state.capacity(2.0))
+    assert [row["drain_s"] for row in rows] == [1.2, 3.0]
+    assert "4.2s for 42 items at 10.0 items/s, mean cost 2 per item" in format_drain(drain_report(state, 2.0))
+    alone = Snapshot("p", 10_000, 42, 2, {}, 0, {"gone": workers["gone"]}, levels)
+    assert drain_report(alone, 2.0)["seconds"] is None and level_rows(alone)[0]["drain_s"] is None
+    assert format_drain(drain_report(alone, 2.0)).startswith("unbounded: 42 items wait")
+    remembered = Snapshot("p", 10_000, 42, 2, {}, 0, {"b": workers["b"]}, levels, {"ips": 21.0})
+    assert drain_report(remembered, 2.0)["seconds"] == 2.0
 
 
 def test_tables():
@@ -160,3 +219,31 @@ def test_stats_summary_logs_the_interval(caplog):
     assert busy.levelno == logging.INFO and "worker host:1:ab" in busy.getMessage()
     assert "4 batches, 40 items" in busy.getMessage() and "mean batch 10.0" in busy.getMessage()
     assert idle.levelno == logging.DEBUG and "0 batches" in idle.getMessage()
+
+
+def queue_row(**extra):
+    row = {"prefix": "p", "queue_length": 3, "pending": 1, "dead_letters": 0, "oldest_wait_s": 0.5,
+           "workers": [{}], "levels": [{"level": 0, "queue_length": 3, "oldest_wait_s": 0.5, "drain_s": 2.5},
+                                       {"level": 1, "queue_length": 9, "oldest_wait_s": 4.0, "drain_s": None}],
+           "drain": {"items_per_s": 12.0}}
+    return {**row, **extra}
+
+
+def test_queue_collector_exports_drain_time_capacity_and_target():
+    registry = CollectorRegistry()
+    registry.register(metrics.QueueCollector(lambda: [queue_row()], drain_target=30.0))
+    assert value(registry, "rstreamer_queue_redis_up") == 1
+    assert value(registry, "rstreamer_queue_live_workers", prefix="p") == 1
+    assert value(registry, "rstreamer_queue_drain_seconds", prefix="p", level="0") == 2.5
+    # entries wait at level 1 and no live worker drains them: an unbounded wait
+    assert value(registry, "rstreamer_queue_drain_seconds", prefix="p", level="1") == float("inf")
+    assert value(registry, "rstreamer_queue_capacity_items_per_second", prefix="p") == 12.0
+    assert value(registry, "rstreamer_queue_drain_target_seconds", prefix="p") == 30.0
+
+
+def test_queue_collector_exports_nothing_stale_when_redis_is_unreachable():
+    registry = CollectorRegistry()
+    registry.register(metrics.QueueCollector(lambda: [queue_row()], error=lambda: "Redis unreachable: refused"))
+    assert value(registry, "rstreamer_queue_redis_up") == 0
+    names = {sample.name for family in registry.collect() for sample in family.samples}
+    assert names == {"rstreamer_queue_redis_up"}, "the last values must not be exported as current ones"

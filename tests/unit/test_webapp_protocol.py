@@ -102,6 +102,13 @@ def test_readiness_counts_only_recent_heartbeats():
     assert status == 503 and json.loads(body)["live_workers"] == 0
 
 
+def test_with_a_cold_start_wait_a_fleet_at_zero_keeps_the_web_app_ready():
+    # Calls then wait, enqueued, for the autoscaler to wake a worker: the Service must route them here.
+    status, body = protocol.readiness(20_000, {}, dead_after=2.0, prefix="p", cold_start_wait=30.0)
+    assert status == 200 and json.loads(body) == {"ready": True, "prefix": "p", "live_workers": 0,
+                                                  "cold_start": "calls wait up to 30s for a worker to start"}
+
+
 def test_config_from_env(monkeypatch):
     for name in ("RSTREAMER_MAX_BODY", "RSTREAMER_TIMEOUT", "RSTREAMER_PREFIX", "RSTREAMER_DEAD_AFTER"):
         monkeypatch.delenv(name, raising=False)

@@ -1,9 +1,10 @@
-"""``rstreamer dashboard``: a live page of every prefix's queue, workers and dead letters.
+"""``rstreamer dashboard``: a live page of every prefix: queue, latency and queue wait, batches,
+priority levels, drain time, workers (restarts included), jobs and dead letters.
 
 It reads Redis the way ``rstreamer status`` does (no Prometheus needed), serves one static page
-with plain JavaScript (no build step, no third-party script to vet or vendor: a table and a few
-SVG sparklines do not need a framework), and is read-only and bound to 127.0.0.1 unless told
-otherwise.
+with plain JavaScript that updates in place (no build step, no third-party script to vet or vendor:
+a few tables and SVG sparklines do not need a framework), and is read-only and bound to 127.0.0.1
+unless told otherwise.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
     from ...settings import DEFAULT_REDIS_URL, REDIS_URL_ENV, redis_url_from_env
 
     p = argparse.ArgumentParser(prog="rstreamer dashboard", description="Serve a live dashboard of the prefixes "
-                                "on one Redis: queues, workers, dead letters.")
+                                "on one Redis: queues, latency, batches, levels, workers, jobs, dead letters.")
     p.add_argument("--redis", metavar="URL", default=redis_url_from_env(),
                    help=f"Redis URL or host:port (env {REDIS_URL_ENV}, default {DEFAULT_REDIS_URL})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

@@ -107,7 +107,7 @@ def create_app(sampler: Sampler, options: Options) -> Starlette:
     """The Starlette app around a started ``sampler``."""
     csrf = secrets.token_urlsafe(32)
     registry = CollectorRegistry()
-    registry.register(QueueCollector(lambda: list(sampler.state()["prefixes"])))
+    registry.register(QueueCollector(lambda: list(sampler.state()["prefixes"]), lambda: sampler.state()["error"]))
 
     def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers=SECURITY_HEADERS)
