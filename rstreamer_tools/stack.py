@@ -263,6 +263,9 @@ def open_stack(stack: contextlib.ExitStack, prefix: str, log_path: Path) -> Stac
 
 
 def forget_prefix(client: redis.Redis, keys: Keys) -> None:
-    """Remove the demo's stream and heartbeats (matters when RSTREAMER_REDIS_URL points at a shared Redis)."""
+    """Remove the demo's stream, heartbeats and what its workers published (matters when
+    RSTREAMER_REDIS_URL points at a shared Redis)."""
     with contextlib.suppress(redis.RedisError):
-        client.delete(keys.requests, keys.workers, keys.dead, keys.webhooks)  # workers create the webhooks stream
+        # Workers create the webhooks stream, and publish their pace (it has a TTL, but the demo
+        # leaves nothing of its own behind).
+        client.delete(keys.requests, keys.workers, keys.dead, keys.webhooks, keys.pace)
