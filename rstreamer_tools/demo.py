@@ -9,6 +9,10 @@ each sending one sentence at a time, and a last one of 256 callers through the P
 summary per phase is printed, with why the batches are the size they are, and a plot of
 latency, throughput and batch sizes is written. Everything it started is stopped before it
 returns. ``--serve`` keeps the stack up for manual requests until Ctrl-C instead.
+
+``--generate`` shows a generative model instead: a real chat model, SmolLM2-135M-Instruct,
+answers a few questions at once, streamed as they are made, continuously batched (see
+``rstreamer_tools/demo_generate.py``).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from rstreamer.broker.embedded import free_port
+from rstreamer_tools import demo_chat, demo_generate
 from rstreamer_tools import demo_load as load
 from rstreamer_tools.stack import (
     FORCED,
@@ -45,7 +50,6 @@ MODEL = "workers.embedding:EmbeddingModel"
 LOAD_PHASES = [1, 8, 32, 128]
 # Callers of the last phase, through the Python client: enough that the batches fill.
 CALLERS = 256
-STREAMS = 32  # concurrent streams of --generate
 
 
 # stop signals ----------------------------------------------------------------------------------
@@ -79,8 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=_clients, default=None, metavar="N,N,...",
                         help="concurrent HTTP clients of each load phase, one phase after the other (default "
-                             f"{','.join(map(str, LOAD_PHASES))}); with --generate, concurrent streams (the largest "
-                             f"number given; default {STREAMS})")
+                             f"{','.join(map(str, LOAD_PHASES))}); with --generate, questions asked at once (the "
+                             f"largest number given; default {demo_chat.ASKED}; the toy decoder: streams, default "
+                             f"{demo_generate.STREAMS})")
     parser.add_argument("--callers", type=int, default=CALLERS, metavar="N",
                         help=f"concurrent callers of a last phase through the Python client (AsyncRedisStreamer), "
                              f"as a fleet of web processes would call; 0: none (default {CALLERS})")
@@ -93,15 +98,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=Path("demo-output"), help="where the plot goes")
     parser.add_argument("--serve", action="store_true", help="keep the stack up for manual requests until Ctrl-C")
     parser.add_argument("--generate", action="store_true",
-                        help="instead: streamed output of a generative model (a decoder worker, POST /generate "
-                             "as Server-Sent Events, --clients concurrent streams continuously batched)")
+                        help="instead: a real chat model answers questions at once, streamed (POST /generate as "
+                             "Server-Sent Events and the Python client), continuously batched")
     parser.add_argument("--generate-model", metavar="package.module:Class", default=None,
-                        help="the generative model of --generate (default: the toy decoder "
-                             "workers.decoder:TinyDecoder)")
+                        help=f"the generative model of --generate (default: the chat model {demo_chat.MODEL}, "
+                             f"SmolLM2-135M-Instruct; {demo_generate.TOY}: the toy decoder)")
+    parser.add_argument("--max-tokens", type=_positive, default=demo_chat.MAX_TOKENS, metavar="N",
+                        help=f"with --generate: new tokens of each answer at most (default {demo_chat.MAX_TOKENS})")
     args = parser.parse_args(argv)
-    if args.clients is None:
-        args.clients = [STREAMS] if args.generate else LOAD_PHASES
+    if args.clients is None and not args.generate:
+        args.clients = LOAD_PHASES  # --generate picks its own default for the model it serves
     return args
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,9 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = {signum: signal.signal(signum, INTERRUPTS) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         if args.generate:
-            from rstreamer_tools.demo_generate import run as run_generate
-
-            return run_generate(args)
+            return demo_generate.run(args)
         return run(args)
     except KeyboardInterrupt:
         _say_stopped()

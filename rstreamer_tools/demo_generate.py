@@ -1,15 +1,20 @@
-"""`rstreamer demo --generate`: streamed output from a generative model, continuously batched.
+"""`rstreamer demo --generate`: streamed answers of a generative model, continuously batched.
 
 Redis (embedded unless RSTREAMER_REDIS_URL is set), one ``rstreamer-worker`` serving a
-generative model and the Flask app under gunicorn. It streams one answer over HTTP
-(``POST /generate``, Server-Sent Events) as it is made, then runs concurrent streams of mixed
-lengths through ``RedisStreamer.stream`` and reports when their first chunks came; ``predict()``
-of the same item returns the same text, joined.
+generative model and the Flask app under gunicorn.
 
-The model is ``--generate-model`` (a ``GenerativeModel`` taking ``{"prompt": str,
-"max_new_tokens": int}``), by default the toy decoder of ``workers.decoder``: random weights from
-a fixed seed, greedy, nothing downloaded. Its text is gibberish by design, and the demo says so:
-what it shows is the streaming and the batching, not the words.
+By default the model is ``workers.llm:ChatModel``, SmolLM2-135M-Instruct on the CPU: a few short
+questions at once, the first streamed over HTTP (``POST /generate``, Server-Sent Events) as its
+answer is made, the others through ``RedisStreamer.stream``; then tokens/s, time to first token,
+finish_reason and usage, and how many answers shared each model step
+(:mod:`rstreamer_tools.demo_chat`). Its first run converts the model's weights (about a minute);
+the demo says so while it waits.
+
+``--generate-model workers.decoder:TinyDecoder`` serves the toy decoder instead: random weights
+from a fixed seed, greedy, whose text is gibberish by design (the demo says so); it streams one
+answer over HTTP, then concurrent streams of mixed lengths through the client, and checks that
+``predict()`` of the same item returns the same text, joined. Any other ``--generate-model`` is
+asked chat items, as the chat model is (see docs/streaming.md, "The chat model").
 """
 from __future__ import annotations
 
@@ -24,42 +29,69 @@ import time
 import uuid
 
 from rstreamer.broker.embedded import free_port
-from rstreamer_tools.stack import console_script, open_stack, source_root, wait_for_workers, wait_ready, web_command
+from rstreamer_tools import demo_chat
+from rstreamer_tools.stack import (
+    STARTUP_TIMEOUT,
+    Stack,
+    console_script,
+    open_stack,
+    source_root,
+    wait_for_workers,
+    wait_ready,
+    web_command,
+)
 
 #: The generative model the demo serves, unless --generate-model names another.
-MODEL = "workers.decoder:TinyDecoder"
+MODEL = demo_chat.MODEL
+TOY = "workers.decoder:TinyDecoder"
 #: What to tell the reader about a model whose output is not meant to make sense.
 TOY_MODELS = {
-    "workers.decoder:TinyDecoder":
+    TOY:
         "The decoder is a toy: a small Transformer with random weights (nothing is downloaded), so its "
         "text is gibberish by design. What matters here is how the answer streams and how the worker "
-        "batches the streams; --generate-model package.module:Class serves a real model the same way.",
+        "batches the streams; without --generate-model the demo serves a real chat model the same way.",
 }
 PROMPT = {"prompt": "Once upon a time", "max_new_tokens": 64}
+STREAMS = 32  # concurrent streams of the toy decoder
 
 
-def worker_command(model: str, max_active: int) -> list[str]:
+def worker_command(model: str, max_active: int, metrics_port: int | None = None) -> list[str]:
+    metrics = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
     return [*console_script("rstreamer-worker", "rstreamer.cli", "worker_main"), "--batch-size", str(max_active),
-            "--log-level", "WARNING", "--log-interval", "0", model]
+            *metrics, "--log-level", "WARNING", "--log-interval", "0", model]
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the stack, stream over HTTP, then concurrently through the client; 0 if every check held."""
+    """Start the stack and show the model's answers; 0 if every check held."""
     model = args.generate_model or MODEL
+    toy = model in TOY_MODELS
+    if not toy:
+        demo_chat.check_installed(model)
     port = args.port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     with contextlib.ExitStack() as stack:
         shared = open_stack(stack, f"demo-generate-{uuid.uuid4().hex[:8]}", args.output / "stack-generate.log")
         print(f"starting a worker of a generative model (rstreamer-worker {model}) and gunicorn at {base_url}")
-        worker = shared.children.start(worker_command(model, args.batch_size))
-        web = shared.children.start(web_command(port, 1), cwd=source_root())
-        wait_for_workers(shared.client, shared.keys, 1)
-        wait_ready(base_url, [worker, web])
-        if model in TOY_MODELS:
-            print(f"\n{textwrap.fill(TOY_MODELS[model], 96)}")
-        text = stream_over_http(base_url)
-        return 0 if concurrent_streams(shared.url, shared.keys.prefix, max(args.clients), text) else 1
+        metrics_port = None if toy else free_port()
+        shared.children.start(worker_command(model, args.batch_size, metrics_port))
+        shared.children.start(web_command(port, 1), cwd=source_root())
+        if toy:
+            wait_for_workers(shared.client, shared.keys, 1, children=shared.children)
+        else:
+            demo_chat.wait_loaded(shared, model, args.output / "stack-generate.log")
+        wait_ready(base_url, shared.children.processes, STARTUP_TIMEOUT)
+        if not toy:
+            return demo_chat.show(base_url, shared.url, shared.keys.prefix, f"http://127.0.0.1:{metrics_port}/metrics",
+                                  max(args.clients or [demo_chat.ASKED]), args.max_tokens)
+        return run_toy(model, base_url, shared, max(args.clients or [STREAMS]))
     return 1  # not reached; ExitStack does not swallow exceptions
+
+
+def run_toy(model: str, base_url: str, shared: Stack, streams: int) -> int:
+    """The toy decoder: one stream over HTTP, then ``streams`` at once through the client."""
+    print(f"\n{textwrap.fill(TOY_MODELS[model], 96)}")
+    text = stream_over_http(base_url)
+    return 0 if concurrent_streams(shared.url, shared.keys.prefix, streams, text) else 1
 
 
 def stream_over_http(base_url: str) -> str:

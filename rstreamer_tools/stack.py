@@ -145,6 +145,13 @@ class Children:
             self.processes.append(process)
         return process
 
+    def fail_if_exited(self) -> None:
+        """SystemExit naming the first process that exited, and the log that says why."""
+        for process in self.processes:
+            if process.poll() is not None:
+                raise SystemExit(f"rstreamer demo: {_program(process)} exited with {process.returncode} "
+                                 f"(its output: {self.log.name})")
+
     def stop(self) -> None:
         """SIGTERM every group at once; what is left after STOP_GRACE (or a second Ctrl-C) is killed."""
         stop_groups(self.processes, STOP_GRACE, FORCED)
@@ -206,11 +213,27 @@ def wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], timeout:
             time.sleep(0.1)
 
 
-def wait_for_workers(client: redis.Redis, keys: Keys, count: int, timeout: float = STARTUP_TIMEOUT) -> None:
-    try:
-        wait_for_live_workers(client, keys, count, timeout)
-    except TimeoutError as exc:
-        raise SystemExit(f"rstreamer demo: {exc}") from None
+def wait_for_workers(client: redis.Redis, keys: Keys, count: int, timeout: float = STARTUP_TIMEOUT,
+                     children: Children | None = None, say_every: float | None = None) -> float:
+    """Wait until ``count`` workers heart-beat (a worker does once its model is loaded); the seconds
+    it took. Fails at once if a process of ``children`` exits (naming its log), and after
+    ``timeout``. Every ``say_every`` seconds it prints how long it has waited, so that a slow
+    load does not look like a hang."""
+    began = time.monotonic()
+    deadline = began + timeout
+    next_word = began + (say_every or timeout)
+    while True:
+        try:
+            wait_for_live_workers(client, keys, count, min(1.0, max(0.0, deadline - time.monotonic())))
+            return time.monotonic() - began
+        except TimeoutError as exc:
+            if time.monotonic() >= deadline:
+                raise SystemExit(f"rstreamer demo: {exc}") from None
+        if children is not None:
+            children.fail_if_exited()
+        if say_every is not None and time.monotonic() >= next_word:
+            print(f"  still loading ({time.monotonic() - began:.0f} s)...", flush=True)
+            next_word += say_every
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +263,9 @@ def open_stack(stack: contextlib.ExitStack, prefix: str, log_path: Path) -> Stac
 
 
 def forget_prefix(client: redis.Redis, keys: Keys) -> None:
-    """Remove the demo's stream and heartbeats (matters when RSTREAMER_REDIS_URL points at a shared Redis)."""
+    """Remove the demo's stream, heartbeats and what its workers published (matters when
+    RSTREAMER_REDIS_URL points at a shared Redis)."""
     with contextlib.suppress(redis.RedisError):
-        client.delete(keys.requests, keys.workers, keys.dead, keys.webhooks)  # workers create the webhooks stream
+        # Workers create the webhooks stream, and publish their pace (it has a TTL, but the demo
+        # leaves nothing of its own behind).
+        client.delete(keys.requests, keys.workers, keys.dead, keys.webhooks, keys.pace)

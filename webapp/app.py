@@ -1,4 +1,5 @@
-"""The Flask app: ``POST /predict``, ``POST /generate`` (SSE), ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
+"""The Flask app: ``POST /predict``, ``POST /generate`` (SSE), ``/jobs``, ``/v1`` (the OpenAI API, see
+webapp/openai/), ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
 
 Run it under gunicorn (``gunicorn -c webapp/gunicorn.conf.py``) or uwsgi
 (``uwsgi --ini webapp/uwsgi.ini``); see docs/webapp.md. The model runs in rstreamer workers
@@ -26,6 +27,9 @@ from rstreamer.wire.shelf import read_serving
 from . import jobs, metrics, multiproc, protocol, sse
 from .config import WebConfig, cold_start_wait
 from .gate import WorkerGate
+from .openai import wsgi_routes as openai_routes
+from .openai.errors import http_error as openai_http_error
+from .openai.service import OpenAIService
 
 T = TypeVar("T", covariant=True)  # only produced: a PerProcess[Redis] is a PerProcess[object]
 
@@ -80,6 +84,7 @@ def create_app(config: WebConfig | None = None) -> Flask:
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
     _add_routes(app, config, streamer, probe, gate)
     _add_job_routes(app, config, streamer)
+    openai_routes.add_routes(app, PerProcess(lambda: OpenAIService(config)).get)
     app.register_error_handler(HTTPException, _http_error)
     return app
 
@@ -212,7 +217,10 @@ def _generate(req: Request, config: WebConfig, streamer: RedisStreamer, check_wo
 
 
 def _http_error(exc: HTTPException) -> Response:
-    """404, 405 and the like, as JSON errors too."""
+    """404, 405 and the like, as JSON errors too (in OpenAI's shape under /v1)."""
+    if request.path.startswith("/v1/"):
+        status, body, headers = openai_http_error(exc.code or 500, exc.description or exc.name)
+        return Response(body, status, headers, mimetype=protocol.JSON)
     error = protocol.http_error(exc.code or 500, exc.description or exc.name)
     status, body, headers = protocol.error_reply(error)
     return Response(body, status, headers, mimetype=protocol.JSON)

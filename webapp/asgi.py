@@ -8,10 +8,9 @@ loop only parses requests and awaits answers; it never runs the model.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import redis
 from starlette.applications import Starlette
@@ -20,17 +19,19 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from rstreamer import AsyncRedisStreamer, Cancelled
+from rstreamer import AsyncRedisStreamer
 from rstreamer.broker.connection import create_async_redis
 from rstreamer.ops.metrics import outcome_of
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.shelf import aread_serving
 
 from . import jobs, metrics, multiproc, protocol, sse
+from .asgi_io import read_body, unless_disconnected
 from .config import WebConfig, cold_start_wait, settings_or_exit
 from .gate import WorkerGate
-
-T = TypeVar("T")
+from .openai import asgi_routes as openai_routes
+from .openai.errors import http_error as openai_http_error
+from .openai.service import AsyncOpenAIService
 
 
 def create_app(config: WebConfig | None = None) -> Starlette:
@@ -49,11 +50,13 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         app.state.streamer = AsyncRedisStreamer(config.redis_url, config.prefix, settings=config.client)
         app.state.probe = create_async_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0)
         app.state.gate = WorkerGate(config.prefix, config.dead_after, config.no_worker_grace)
+        app.state.openai = AsyncOpenAIService(config)
         try:
             yield
         finally:
             await app.state.streamer.aclose()
             await app.state.probe.aclose()
+            await app.state.openai.aclose()
 
     async def predict(request: Request) -> Response:
         try:
@@ -67,7 +70,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
     async def generate(request: Request) -> Response:
         # Enqueued before the response starts, so a refused call gets its status (400, 503).
         try:
-            body = await _read_body(request, config.max_body)
+            body = await read_body(request, config.max_body)
             call = sse.parse_generate(request.headers.get("content-type"), body, request.headers)
             await _check_workers(request.app.state, keys)
             stream = request.app.state.streamer.stream(call.item, call.timeout, priority=call.priority,
@@ -100,6 +103,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         Route("/jobs", _submit_job, methods=["POST"]),
         Route("/jobs/{job_id}", _show_job, methods=["GET"]),
         Route("/jobs/{job_id}", _cancel_job, methods=["DELETE"]),
+        *openai_routes.routes(lambda request: request.app.state.openai),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
 
@@ -108,12 +112,12 @@ async def _predict(request: Request, config: WebConfig) -> bytes:
     # Counted from the start: a refusal (a malformed or oversized body, no live worker) is a call
     # that failed, which the error-ratio alert must see.
     with metrics.calls().track(config.prefix, 0) as tracked:
-        body = await _read_body(request, config.max_body)
+        body = await read_body(request, config.max_body)
         call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
         tracked.add_items(len(call.inputs))
         await _check_workers(request.app.state, Keys(config.prefix))
         predict = request.app.state.streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
-        outputs = await _unless_disconnected(request, predict)
+        outputs = await unless_disconnected(request, predict)
     return protocol.outputs_body(outputs)
 
 
@@ -139,7 +143,7 @@ async def _job_answer(route: str, handler: Callable[[], Awaitable[tuple[int, byt
 
 async def _submit_job(request: Request) -> Response:
     async def submit() -> tuple[int, bytes, dict[str, str]]:
-        body = await _read_body(request, request.app.state.config.max_body)
+        body = await read_body(request, request.app.state.config.max_body)
         job_request = jobs.parse_job_request(request.headers.get("content-type"), body, request.headers)
         job = await request.app.state.streamer.submit_job(job_request.inputs, ttl=job_request.ttl,
                                                           meta=job_request.meta, webhook=job_request.webhook,
@@ -166,45 +170,6 @@ async def _cancel_job(request: Request) -> Response:
     return await _job_answer("/jobs/<id>", cancel)
 
 
-async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """``work``'s result; if the client disconnects first, ``work`` is cancelled, which withdraws
-    the call's items (rstreamer.wire.cancel): no model time for a caller that is gone."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            # Let the cancellation run (it withdraws the items) before reading the outcome: a
-            # task is only marked cancelled once the loop has thrown CancelledError into it.
-            await asyncio.wait({task})
-        gone.cancel()
-    if task.cancelled():
-        raise Cancelled("the client disconnected before the answer")
-    return task.result()
-
-
-async def _disconnect(request: Request) -> None:
-    """Return once the client has disconnected (the body is read: the next ASGI message says so)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise protocol.too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise protocol.too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _read_workers(client: Any, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
     """The heartbeats of the workers that can serve the prefix (its own, and a shelf's that can load
     its model): the async twin of ``rstreamer.wire.shelf.read_serving``."""
@@ -223,6 +188,9 @@ async def _metrics(request: Request) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """404, 405 and the like, as JSON errors too."""
     assert isinstance(exc, HTTPException)
+    if request.url.path.startswith("/v1/"):
+        status, body, headers = openai_http_error(exc.status_code, str(exc.detail))
+        return Response(body, status, {**headers, **(exc.headers or {})}, media_type=protocol.JSON)
     error = protocol.http_error(exc.status_code, str(exc.detail))
     status, body, headers = protocol.error_reply(error)
     return Response(body, status, {**headers, **(exc.headers or {})}, media_type=protocol.JSON)

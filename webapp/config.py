@@ -11,6 +11,8 @@ from rstreamer.errors import ConfigError
 from rstreamer.settings import DEFAULT_REDIS_URL, ClientSettings, EnvSettings, WorkerSettings
 from rstreamer.wire.keys import validate_prefix
 
+from .openai.config import OpenAIConfig
+
 logger = logging.getLogger("webapp")
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
@@ -28,7 +30,8 @@ class WebConfig(EnvSettings):
     liveness window (``RSTREAMER_DEAD_AFTER``, as the workers read it), used by ``/readyz``.
     ``no_worker_grace`` (``RSTREAMER_NO_WORKER_GRACE``): seconds without a live worker on the
     prefix after which ``/predict`` answers 503 at once. ``prefix_from_default``: no prefix was
-    configured, so ``default`` is used (logged loudly).
+    configured, so ``default`` is used (logged loudly). ``openai``: the settings of the ``/v1``
+    routes (webapp.openai.config.OpenAIConfig: model names, API keys, the Batch API's files).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -38,6 +41,7 @@ class WebConfig(EnvSettings):
     dead_after: float = WorkerSettings.dead_after
     no_worker_grace: float = DEFAULT_NO_WORKER_GRACE
     prefix_from_default: bool = False
+    openai: OpenAIConfig = field(default_factory=OpenAIConfig)
 
     def __post_init__(self) -> None:
         # Parsed now (no connection): a URL no client can use would fail every request with a 500.
@@ -56,7 +60,8 @@ class WebConfig(EnvSettings):
     @classmethod
     def from_env(cls, **overrides: Any) -> WebConfig:
         """The settings from the environment (see the class); raises ConfigError."""
-        derived = {"client": ClientSettings.from_env(), "dead_after": WorkerSettings.from_env().dead_after}
+        derived = {"client": ClientSettings.from_env(), "dead_after": WorkerSettings.from_env().dead_after,
+                   "openai": OpenAIConfig.from_env()}
         return super().from_env(**{**derived, **overrides})
 
     def announce(self, server: str) -> None:
@@ -67,6 +72,10 @@ class WebConfig(EnvSettings):
         logger.info("%s: broker %s, prefix %r, timeout %gs, max queue %d, 503 after %gs without a live worker",
                     server, redacted(self.redis_url), self.prefix, self.client.timeout, self.client.max_queue,
                     self.no_worker_grace)
+        openai = self.openai.summary()
+        logger.info("%s: /v1 (OpenAI API): %d mapped model names%s, %s", server, openai["models"],
+                    " (only those served)" if openai["only_mapped"] else "",
+                    f"{openai['api_keys']} API keys required" if openai["api_keys"] else "no API key required")
         if self.prefix_from_default:
             logger.warning("%s: RSTREAMER_PREFIX is not set: using prefix %r; calls reach only workers started "
                            "with --prefix %s", server, self.prefix, self.prefix)

@@ -66,6 +66,17 @@ class WorkerGate:
             seen = now - max(0.0, now_ms - newest_ms) / 1000 + self.dead_after
             self._last_live = max(self._last_live or seen, seen)
 
+    @property
+    def known(self) -> bool:
+        """True once a read of the heartbeats has succeeded."""
+        return self._known
+
+    @property
+    def ever_seen(self) -> bool:
+        """True once a read found a heartbeat on the prefix (live or dead): the prefix is served,
+        or was."""
+        return self._last_live is not None
+
     def check(self) -> None:
         """Raise NoLiveWorker when no live worker has been seen for more than ``grace`` seconds."""
         if not self._known or self.grace == math.inf:

@@ -201,7 +201,7 @@ def outputs_body(outputs: list[Any]) -> bytes:
 
 def error_reply(exc: BaseException) -> tuple[int, bytes, Headers]:
     """Status, JSON body ``{"error": {"type", "message"}}`` and headers answering ``exc``."""
-    status, error_type, message = _describe(exc)
+    status, error_type, message = describe(exc)
     headers = {"Retry-After": RETRY_AFTER} if status == 503 else {}
     if isinstance(exc, RateLimited):  # whole seconds (RFC 9110), never 0: "now" would only be refused again
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
@@ -211,7 +211,8 @@ def error_reply(exc: BaseException) -> tuple[int, bytes, Headers]:
     return status, dumps({"error": error}), headers
 
 
-def _describe(exc: BaseException) -> tuple[int, str, str]:
+def describe(exc: BaseException) -> tuple[int, str, str]:
+    """The status, error type and message that answer ``exc`` (the OpenAI routes reshape them)."""
     if isinstance(exc, HTTPError):
         return exc.status, exc.error_type, str(exc)
     if isinstance(exc, RemoteError):

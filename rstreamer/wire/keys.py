@@ -21,6 +21,8 @@ _TENANT = re.compile(r"[A-Za-z0-9_.\-@]{1,100}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,64}:[0-9]{1,20}")
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 _JOB_TOKEN = re.compile(r"job:([0-9a-f]{32})")
+_FILE_ID = re.compile(r"file-[0-9a-f]{32}")
+_BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
 _REQUESTS_KEY = re.compile(r"rstreamer:\{([A-Za-z0-9_.\-]{1,100})\}:requests")
 
 
@@ -49,6 +51,16 @@ def is_reply_token(token: str) -> bool:
 def is_job_id(job_id: str) -> bool:
     """True if ``job_id`` has the shape :func:`rstreamer.jobs.sync` gives a job id (32 hex digits)."""
     return isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) is not None
+
+
+def is_file_id(file_id: str) -> bool:
+    """True if ``file_id`` has the shape of an OpenAI Batch API file id here (``file-`` and 32 hex digits)."""
+    return isinstance(file_id, str) and _FILE_ID.fullmatch(file_id) is not None
+
+
+def is_batch_id(batch_id: str) -> bool:
+    """True if ``batch_id`` has the shape of a batch id here (``batch_`` and 32 hex digits)."""
+    return isinstance(batch_id, str) and _BATCH_ID.fullmatch(batch_id) is not None
 
 
 def job_token(job_id: str) -> str:
@@ -228,6 +240,27 @@ class Keys:
         if not is_reply_token(token):
             raise ValueError(f"invalid reply token {token!r}")
         return self._key("cancelled", token)
+
+    def openai_file(self, file_id: str) -> str:
+        """Hash of one file of the OpenAI Batch API (``meta``, ``content``); has a TTL."""
+        if not isinstance(file_id, str) or not _FILE_ID.fullmatch(file_id):
+            raise ValueError(f"invalid file id {file_id!r}")
+        return self._key("openai", "file", file_id)
+
+    def openai_batch(self, batch_id: str) -> str:
+        """Hash of one batch of the OpenAI Batch API (its record and outcome); has a TTL."""
+        if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
+            raise ValueError(f"invalid batch id {batch_id!r}")
+        return self._key("openai", "batch", batch_id)
+
+    def openai_batches(self, owner: str | None) -> str:
+        """Sorted set of one owner's batch ids (None: requests without an API key), scored by
+        their creation (ms); has a TTL, and members past it are pruned when read."""
+        if owner is None:
+            return self._key("openai", "batches")
+        if not isinstance(owner, str) or not _TENANT.fullmatch(owner):
+            raise ValueError(f"invalid tenant {owner!r}")
+        return self._key("openai", "batches", owner)
 
     def stream_control(self, token: str) -> str:
         """The control key of one streamed call: marks it streamed, then cancelled (see

