@@ -65,6 +65,14 @@ def list_shelves(client: RedisClient) -> list[str]:
     return sorted(found)
 
 
+def shelf_prefixes(client: RedisClient) -> list[str]:
+    """The prefixes of every model of the shelves published in this Redis (their workers may be gone)."""
+    names: set[str] = set()
+    for shelf in list_shelves(client):
+        names |= set((published_shelf(client, ShelfKeys(shelf)) or {}).get("models") or {})
+    return sorted(names)
+
+
 def read_serving(client: RedisClient, keys: Keys) -> Heartbeats:
     """The heartbeats of the workers that can serve ``keys``'s prefix: its own workers and, when a
     shelf's workers can load its model, those shelf workers too (each stamped on the prefix's

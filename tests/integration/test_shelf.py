@@ -316,3 +316,19 @@ def test_a_holder_killed_while_it_serves_loses_nothing(shelf):
     assert [out for _, _, out in answers] == [2, 4, 6]
     assert {pid for _, pid, _ in answers} != {int(holder.split(":")[1])}
     assert set(shelf.ran("slow").values()) == {1}  # killed before its model finished: run once, by the next
+
+
+@pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
+def test_the_openai_api_lists_and_serves_a_cold_shelf_model(shelf, web, server_kind):
+    spec = {"name": shelf.name, "models": {shelf.model("vec"): {"model": "support.models:TextLengths",
+                                                               "init_kwargs": {"load_delay": 1.0}}}}
+    shelf.start(spec)
+    server = getattr(web, server_kind)(shelf.model("vec"), RSTREAMER_TIMEOUT="60")
+    listed = server.client.get("/v1/models").json()
+    assert shelf.model("vec") in {model["id"] for model in listed["data"]}  # called or not
+    answer = server.client.post("/v1/embeddings", json={"model": shelf.model("vec"), "input": ["abc", "hello"],
+                                                        "encoding_format": "float"})
+    assert answer.status_code == 200, answer.text
+    assert [row["embedding"] for row in answer.json()["data"]] == [[3.0, 1.0], [5.0, 1.0]]
+    misspelt = server.client.post("/v1/embeddings", json={"model": shelf.model("vex"), "input": "abc"})
+    assert misspelt.status_code == 404 and misspelt.json()["error"]["code"] == "model_not_found"

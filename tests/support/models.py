@@ -300,3 +300,13 @@ class CostedTagged(Tagged):
 
     def cost(self, item: Any) -> int:
         return 1 + int(item) % 4
+
+
+class TextLengths(ManagedModel):
+    """A tiny embedding model: each text becomes ``[its length, 1.0]`` (for the OpenAI embeddings route)."""
+
+    def init_model(self, load_delay: float = 0.0) -> None:
+        time.sleep(load_delay)
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return [[float(len(text)), 1.0] for text in batch]
