@@ -25,6 +25,7 @@ from .ops.logs import configure_logging
 from .settings import (
     DEFAULT_REDIS_URL,
     REDIS_URL_ENV,
+    ShelfSettings,
     WebhookSettings,
     WorkerSettings,
     env_name,
@@ -74,6 +75,10 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "tenant_quotas": WorkerSettings.tenant_quotas,
     "tenant_sharing": WorkerSettings.tenant_sharing,
     "webhook_allow": WebhookSettings.webhook_allow,
+    "shelf": None,
+    "slots": ShelfSettings.slots,
+    "memory_budget": ShelfSettings.memory_budget,
+    "shelf_policy": ShelfSettings.shelf_policy,
     "model": None,
 }
 
@@ -83,6 +88,8 @@ WORKER_ENV = {dest: REDIS_URL_ENV if dest == "redis" else env_name(dest) for des
 # Options that are WorkerSettings fields: their text has the settings' own parser.
 SETTINGS_OPTIONS = ("batch_size", "max_latency", "max_batch_cost", "cost_model", "priorities", "level_max_queue",
                     "tenant_rate", "tenant_burst", "tenant_quotas", "tenant_sharing")
+# Options that are ShelfSettings fields.
+SHELF_OPTIONS = ("slots", "memory_budget", "shelf_policy")
 
 
 # value parsers: shared by the command line and the environment -------------------------
@@ -150,6 +157,8 @@ WORKER_PARSERS: dict[str, Callable[[str], Any]] = {
     "max_restarts": _integer(0), "wait_for_redis": _seconds,
     **{dest: _option(setting_parser(WorkerSettings, dest)) for dest in SETTINGS_OPTIONS},
     "webhook_allow": _option(setting_parser(WebhookSettings, "webhook_allow")),
+    "shelf": str,
+    **{dest: _option(setting_parser(ShelfSettings, dest)) for dest in SHELF_OPTIONS},
 }
 
 
@@ -167,7 +176,8 @@ def worker_parser() -> argparse.ArgumentParser:
     """The ``rstreamer-worker`` argument parser (defaults are None: resolved by :func:`parse_worker_args`)."""
     parser = OneLineParser(
         prog="rstreamer-worker",
-        description="Run supervised worker processes that serve a model on one prefix. "
+        description="Run supervised worker processes that serve a model on one prefix, or (--shelf) the "
+                    "models of a shelf, each on its own prefix, loaded and evicted on demand. "
                     "Every option can also be set by the environment variable shown.",
     )
     p = WORKER_PARSERS
@@ -207,6 +217,18 @@ def worker_parser() -> argparse.ArgumentParser:
                         help=_help("internal webhook receivers the workers may call besides public addresses, "
                                    "e.g. 10.0.0.0/8,hooks.internal,*.svc.cluster.local (docs/jobs.md)",
                                    "webhook_allow"))
+    parser.add_argument("--shelf", type=p["shelf"], metavar="PATH",
+                        help=_help("serve the models of this shelf file (JSON; docs/shelf.md) instead of one model "
+                                   "on --prefix: each worker holds --slots of them, loaded on demand", "shelf"))
+    parser.add_argument("--slots", type=p["slots"], metavar="N",
+                        help=_help("with --shelf: models one worker process holds at once", "slots"))
+    parser.add_argument("--memory-budget", type=p["memory_budget"], metavar="SIZE",
+                        help=_help("with --shelf: bytes the models of one worker may take, each measured after its "
+                                   "load (e.g. 20GiB; 0: no budget)", "memory_budget"))
+    parser.add_argument("--shelf-policy", type=p["shelf_policy"], choices=("queue", "lru", "all"),
+                        help=_help("with --shelf: queue (placement from the queue's evidence), lru (load on arrival, "
+                                   "least recently used out: a baseline) or all (every model resident: a ceiling)",
+                                   "shelf_policy"))
     parser.add_argument("--init-args", type=p["init_args"], metavar="JSON",
                         help=_help("JSON array of init_model positional arguments", "init_args"))
     parser.add_argument("--init-kwargs", type=p["init_kwargs"], metavar="JSON",
@@ -245,6 +267,8 @@ def parse_worker_args(argv: list[str], environ: Mapping[str, str]) -> argparse.N
     """Parse ``argv``; options it lacks come from ``environ``, then from WORKER_DEFAULTS."""
     parser = worker_parser()
     args = parser.parse_args(argv)
+    if args.shelf and (args.model or args.prefix):
+        parser.error("--shelf names the models and their prefixes: give no model and no --prefix with it")
     for dest, variable in WORKER_ENV.items():
         if getattr(args, dest) is not None:
             continue
@@ -256,9 +280,12 @@ def parse_worker_args(argv: list[str], environ: Mapping[str, str]) -> argparse.N
                 parser.error(f"{variable}={raw!r}: {exc}")
         else:
             setattr(args, dest, WORKER_DEFAULTS[dest])
-    if not args.model:
-        parser.error(f"the model (package.module:ModelClass) is required, as an argument or {WORKER_ENV['model']}")
-    if not args.prefix:
+    if args.shelf:
+        args.model = args.prefix = None  # each model of the shelf names its own
+    elif not args.model:
+        parser.error(f"the model (package.module:ModelClass) is required, as an argument or {WORKER_ENV['model']}, "
+                     "or --shelf")
+    elif not args.prefix:
         parser.error(f"--prefix (or {WORKER_ENV['prefix']}) is required")
     if args.liveness and not args.check:
         parser.error("--liveness goes with --check: rstreamer-worker --check --liveness")
@@ -276,16 +303,40 @@ def build_worker_spec(args: argparse.Namespace, settings: WorkerSettings | None 
     from .worker.supervisor import WorkerSpec
 
     url = normalize_broker_url(args.redis)
-    prefix = Keys(args.prefix).prefix
-    _check_model_module(args.model)
     if args.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise ConfigError("--metrics-port needs prometheus-client: pip install prometheus-client")
     options = {dest: getattr(args, dest) for dest in SETTINGS_OPTIONS}
     settings = (settings or WorkerSettings.from_env()).replace(**options)
     settings = settings.replace(webhooks=settings.webhooks.replace(webhook_allow=args.webhook_allow))
+    if getattr(args, "shelf", None):  # a namespace built by hand may lack the shelf options
+        shelf, shelf_settings = _shelf_of(args, settings)
+        # The shelf's name stands for the prefix where one is named (the supervisor's liveness stamp).
+        return WorkerSpec(f"shelf {shelf.name!r}", url, shelf.name, settings=settings, log_level=args.log_level,
+                          metrics_port=args.metrics_port, log_interval=args.log_interval,
+                          metrics_host=args.metrics_host, shelf=shelf, shelf_settings=shelf_settings)
+    prefix = Keys(args.prefix).prefix
+    _check_model_module(args.model)
     return WorkerSpec(args.model, url, prefix, args.init_args or None, args.init_kwargs or None, settings,
                       log_level=args.log_level, metrics_port=args.metrics_port,
                       log_interval=args.log_interval, metrics_host=args.metrics_host)
+
+
+def _shelf_of(args: argparse.Namespace, settings: WorkerSettings) -> tuple[Any, ShelfSettings]:
+    """The shelf file, validated (every model's class checked without importing it), and the
+    placement settings; raises ConfigError naming the model and field."""
+    from .shelf.spec import ShelfError, load_shelf
+
+    shelf = load_shelf(args.shelf, settings)
+    for name, model in shelf.models.items():
+        try:
+            _check_model_module(model.model)
+        except ConfigError as exc:
+            raise ShelfError(f"{args.shelf}: model {name!r}: field 'model': {exc}") from None
+    shelf_settings = ShelfSettings.from_env(**{dest: getattr(args, dest) for dest in SHELF_OPTIONS})
+    if shelf_settings.shelf_policy == "all" and shelf_settings.slots < len(shelf.models):
+        raise ConfigError(f"--shelf-policy all keeps every model resident: it needs --slots >= "
+                          f"{len(shelf.models)} (the shelf's models), got {shelf_settings.slots}")
+    return shelf, shelf_settings
 
 
 def _check_model_module(model: str) -> None:
@@ -302,6 +353,8 @@ def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
     from .wire.keys import Keys
 
     shown = redacted(args.redis)
+    if getattr(args, "shelf", None):  # a namespace built by hand may lack the shelf options
+        return _check_shelf_worker(args, shown)
     try:
         Keys(args.prefix)
     except ConfigError as exc:
@@ -317,13 +370,28 @@ def check_worker(args: argparse.Namespace) -> tuple[bool, str]:
     return True, f"ok: Redis at {shown} answers PING; model {args.model} imports"
 
 
+def _check_shelf_worker(args: argparse.Namespace, shown: str) -> tuple[bool, str]:
+    from .broker.connection import ping_broker
+
+    try:
+        shelf, _ = _shelf_of(args, WorkerSettings.from_env())
+    except ConfigError as exc:
+        return False, str(exc)
+    try:
+        ping_broker(args.redis)
+    except Exception as exc:  # any failure is an unhealthy answer, not a traceback
+        return False, _scrub(str(exc), args.redis)
+    return True, f"ok: Redis at {shown} answers PING; shelf {shelf.name!r} lists {len(shelf.models)} models"
+
+
 def check_liveness(args: argparse.Namespace) -> tuple[bool, str]:
     """The ``--check --liveness`` probe: (alive, one-line message). Local only: no Redis, no model import."""
     from .wire.keys import Keys
     from .worker.alive import check_alive
 
     try:
-        prefix = Keys(args.prefix).prefix
+        shelf = getattr(args, "shelf", None)
+        prefix = _shelf_of(args, WorkerSettings.from_env())[0].name if shelf else Keys(args.prefix).prefix
     except ConfigError as exc:
         return False, str(exc)
     return check_alive(prefix)
@@ -389,6 +457,9 @@ def status_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", default=os.environ.get(WORKER_ENV["prefix"]) or None,
                         help=f"the prefix to show (env {WORKER_ENV['prefix']}); none: list every prefix")
     parser.add_argument("--all", action="store_true", help="list every prefix even if RSTREAMER_PREFIX is set")
+    parser.add_argument("--shelf", metavar="NAME", help="show one shelf: its workers, what each holds, and per "
+                        "model holders, backlog, loads, evictions and load time (the list of every prefix shows "
+                        "every shelf too)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--interval", type=_seconds, default=1.0, metavar="SECONDS",
                         help="window over which throughput is measured; 0: skip it (default 1)")
@@ -398,7 +469,8 @@ def status_parser() -> argparse.ArgumentParser:
 def status_main(argv: list[str]) -> int:
     """``rstreamer status``."""
     from .broker.connection import create_redis, normalize_broker_url, redacted
-    from .ops import status
+    from .ops import shelves, status
+    from .wire.shelf import list_shelves
 
     args = status_parser().parse_args(argv)
     dead_after = WorkerSettings.from_env().dead_after
@@ -411,17 +483,29 @@ def status_main(argv: list[str]) -> int:
     except BrokerUnavailable as exc:  # a Cluster client reads its slot map at once
         print(f"rstreamer status: {exc}", file=sys.stderr)
         return 1
+    report: Any
     try:
-        if args.prefix and not args.all:
+        if args.shelf:
+            report = shelves.shelf_status(client, args.shelf, dead_after, events=shelves.EVENTS_SHOWN)
+            if not report["workers"] and not report["models"]:
+                known = ", ".join(list_shelves(client)) or "none"
+                print(f"rstreamer status: shelf {args.shelf!r} is unknown at {redacted(url)} (known shelves: "
+                      f"{known})", file=sys.stderr)
+                return 1
+            text = shelves.format_shelf_status(report)
+        elif args.prefix and not args.all:
             if not status.prefix_known(client, args.prefix):
                 print(f"rstreamer status: {status.unknown_prefix_message(client, args.prefix, redacted(url))}",
                       file=sys.stderr)
                 return 1
-            report: Any = status.prefix_status(client, args.prefix, dead_after, args.interval)
+            report = status.prefix_status(client, args.prefix, dead_after, args.interval)
             text = status.format_prefix_status(report)
         else:
-            report = status.all_prefixes_status(client, dead_after)
-            report, text = {"prefixes": report}, status.format_all_prefixes(report)
+            summaries = status.all_prefixes_status(client, dead_after)
+            found = shelves.shelves_status(client, dead_after)
+            report = {"prefixes": summaries, "shelves": found}
+            parts = [status.format_all_prefixes(summaries)] + ([shelves.format_shelves(found)] if found else [])
+            text = "\n\n".join(parts)
     except ConfigError as exc:
         print(f"rstreamer status: {exc}", file=sys.stderr)
         return 2

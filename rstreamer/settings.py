@@ -89,6 +89,21 @@ def _non_negative(text: str) -> float:
     return value
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+               "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_BYTES = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_bytes(text: str) -> int:
+    """A size in bytes, with an optional unit: ``8GiB``, ``512MiB``, ``2.5GB``, ``1000000`` (0: none);
+    its ValueError says what is wrong."""
+    match = _BYTES.fullmatch(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _BYTE_UNITS:
+        raise ValueError(f"not a size: {text!r} (e.g. 8GiB, 512MiB, 2.5GB or a number of bytes)")
+    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+
+
 def parse_cost_model_name(text: str) -> str:
     """``padded`` or ``sum`` (any case)."""
     try:
@@ -321,6 +336,76 @@ class JobSettings(EnvSettings):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+SHELF_POLICIES = ("queue", "lru", "all")
+
+
+def parse_shelf_policy(text: str) -> str:
+    """``queue`` (placement from the queue's evidence), ``lru`` (load on arrival, least recently used
+    out: a baseline) or ``all`` (every model resident: a ceiling); any case."""
+    value = text.strip().lower()
+    if value not in SHELF_POLICIES:
+        raise ValueError(f"shelf policy must be one of {', '.join(SHELF_POLICIES)}, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ShelfSettings(EnvSettings):
+    """How the workers of a shelf place its models (``RSTREAMER_SHELF_*``, ``RSTREAMER_SLOTS``,
+    ``RSTREAMER_MEMORY_BUDGET``; see docs/shelf.md).
+
+    slots: models one worker process holds at once. memory_budget: bytes the resident models of
+        one worker may take, each measured after its load (0: no budget, only ``slots``).
+    shelf_policy: ``queue`` (the default: placement from the queue's evidence), ``lru`` (load on
+        arrival, least recently used out; a baseline) or ``all`` (every model loaded at start and
+        never evicted; a ceiling, needs ``slots`` >= the shelf's models).
+    shelf_tick: seconds between two readings of the queue evidence (backlog, oldest wait, holders).
+    shelf_min_residency, shelf_residency_factor: a loaded model stays at least the longer of
+        ``shelf_min_residency`` seconds and ``shelf_residency_factor`` times its load time (the
+        hysteresis: a slot spends at most 1 / (1 + factor) of its time loading).
+    shelf_idle_floor: a model served less than this many seconds ago is not evicted for another
+        that has waited less than ``shelf_starve_after``.
+    shelf_hot_factor: a model gets one more holder when its expected wait (backlog / throughput of
+        its holders) exceeds this many times its load time.
+    shelf_starve_after: a model whose oldest item has waited this long may take the slot of a
+        busy model (the bound against starvation).
+    shelf_defer: seconds a worker without a free slot leaves a cold model to a peer that has one.
+    shelf_max_holders: most workers holding one model (0: any number).
+    shelf_default_load: the load time assumed for a model never loaded yet (its ``load_seconds`` in
+        the shelf file, if given, wins).
+    shelf_failed_for: seconds a model whose ``init_model`` failed stays failed (its callers get the
+        error at once) before a call may load it again.
+    """
+
+    slots: int = _parsed(3, parse_integer(1))
+    memory_budget: int = _parsed(0, parse_bytes)
+    shelf_policy: str = _parsed("queue", parse_shelf_policy)
+    shelf_tick: float = _parsed(0.25, parse_seconds)
+    shelf_min_residency: float = _parsed(5.0, parse_seconds)
+    shelf_residency_factor: float = _parsed(3.0, _non_negative)
+    shelf_idle_floor: float = _parsed(1.0, parse_seconds)
+    shelf_hot_factor: float = _parsed(1.0, _non_negative)
+    shelf_starve_after: float = _parsed(5.0, parse_seconds)
+    shelf_defer: float = _parsed(0.5, parse_seconds)
+    shelf_max_holders: int = _parsed(0, parse_integer(0))
+    shelf_default_load: float = _parsed(1.0, parse_seconds)
+    shelf_failed_for: float = _parsed(60.0, parse_seconds)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slots, int) or self.slots < 1:
+            raise ConfigError(f"slots must be an integer >= 1, got {self.slots!r}")
+        if not isinstance(self.memory_budget, int) or self.memory_budget < 0:
+            raise ConfigError(f"memory_budget must be a number of bytes >= 0 (0: none), got {self.memory_budget!r}")
+        parse_shelf_policy(self.shelf_policy)
+        _positive("shelf_tick", self.shelf_tick)
+        _positive("shelf_default_load", self.shelf_default_load)
+        _positive("shelf_failed_for", self.shelf_failed_for)
+        for name in ("shelf_min_residency", "shelf_residency_factor", "shelf_idle_floor", "shelf_hot_factor",
+                     "shelf_starve_after", "shelf_defer"):
+            _positive(name, getattr(self, name), allow_zero=True)
+        if not isinstance(self.shelf_max_holders, int) or self.shelf_max_holders < 0:
+            raise ConfigError(f"shelf_max_holders must be an integer >= 0, got {self.shelf_max_holders!r}")
 
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -22,7 +22,7 @@ from rstreamer import BrokerUnavailable, RedisStreamer
 from rstreamer.broker.connection import RedisClient, create_redis
 from rstreamer.ops.metrics import outcome_of
 from rstreamer.wire.keys import Keys
-from rstreamer.wire.published import read_workers
+from rstreamer.wire.shelf import read_serving
 
 from . import jobs, metrics, multiproc, protocol, sse
 from .config import WebConfig, cold_start_wait
@@ -115,7 +115,7 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
     @app.get("/readyz")
     def readyz() -> Response:
         try:
-            now_ms, workers = read_workers(probe.get(), keys)
+            now_ms, workers = read_serving(probe.get(), keys)
             status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix,
                                               cold_start_wait(config))
         except (redis.RedisError, BrokerUnavailable) as exc:  # a Cluster client fails when created
@@ -176,7 +176,7 @@ def _check_workers(gate: PerProcess[WorkerGate], probe: PerProcess[RedisClient],
     watch = gate.get()
     if watch.claim_refresh():
         try:
-            watch.update(read_workers(probe.get(), keys))
+            watch.update(read_serving(probe.get(), keys))
         except (redis.RedisError, BrokerUnavailable):
             pass  # the call itself reports Redis's failure
     watch.check()

@@ -23,8 +23,7 @@ from rstreamer import AsyncRedisStreamer
 from rstreamer.broker.connection import create_async_redis
 from rstreamer.ops.metrics import outcome_of
 from rstreamer.wire.keys import Keys
-from rstreamer.wire.published import parse_read_workers
-from rstreamer.wire.scripts import scripts
+from rstreamer.wire.shelf import aread_serving
 
 from . import jobs, metrics, multiproc, protocol, sse
 from .asgi_io import read_body, unless_disconnected
@@ -172,8 +171,9 @@ async def _cancel_job(request: Request) -> Response:
 
 
 async def _read_workers(client: Any, keys: Keys) -> tuple[int, dict[str, dict[str, Any]]]:
-    """The async twin of ``rstreamer.worker.liveness.read_workers``: one script, so Redis Cluster works too."""
-    return parse_read_workers(await scripts(client).read_workers(keys=[keys.workers]))
+    """The heartbeats of the workers that can serve the prefix (its own, and a shelf's that can load
+    its model): the async twin of ``rstreamer.wire.shelf.read_serving``."""
+    return await aread_serving(client, keys)
 
 
 async def _healthz(request: Request) -> Response:

@@ -54,6 +54,12 @@ _SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
 _USERINFO_PASSWORD = re.compile(r"(://[^:@/]*:)[^/]*@")
 _QUERY_PASSWORD = re.compile(r"((?:^|[?&])[a-z_]*password=)[^&#]*")  # ssl_password, sentinel_password
 
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client: its commands and scripts each touch one slot, and its
+    pipelines cannot carry scripts."""
+    return isinstance(client, RedisCluster)
+
+
 # Errors that mean "Redis is away for now": a failover, a restart, a resharding slot.
 UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError, SlotNotCoveredError,

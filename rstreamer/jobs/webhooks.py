@@ -90,11 +90,12 @@ class WebhookSender:
         self._thread = threading.Thread(target=self._run, name="rstreamer-webhooks", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         """Stop after the current try: a delivery not finished stays pending and a peer takes it
-        over (waits for the try, at most ``webhook_timeout`` and a second)."""
+        over (waits for the try, at most ``webhook_timeout`` and a second; ``wait=False``: the
+        thread ends on its own, as a shelf worker that evicts a model goes on serving the others)."""
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and wait:
             self._thread.join(self.settings.webhook_timeout + 1.0)
 
     def _run(self) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
+from typing import Any
 
 Entry = tuple[bytes, "Mapping[bytes, bytes] | None"]
 """A stream entry as the worker reads it: (id, fields)."""
@@ -54,6 +55,31 @@ class ChainedHooks(WorkerHooks):
         """Tell every observer that the batch is done."""
         for hook in self.hooks:
             hook.batch_done()
+
+
+class ShelfHooks:
+    """No-op observer of a shelf worker (rstreamer.worker.shelf): its loads, failed loads,
+    evictions, the items that waited for a load, what it holds, and the observers of each model it
+    serves (subclass and override; :class:`rstreamer.ops.metrics.ShelfMetrics` does)."""
+
+    def loaded(self, model: str, seconds: float, size: int | None) -> None:
+        """``model`` was loaded in ``seconds``; ``size``: its measured resident bytes."""
+
+    def load_failed(self, model: str) -> None:
+        """``model``'s ``init_model`` raised."""
+
+    def evicted(self, model: str) -> None:
+        """``model`` was drained and unloaded to make room."""
+
+    def waited(self, model: str, items: int) -> None:
+        """``items`` of ``model`` that had waited for its load were served."""
+
+    def holding(self, sizes: dict[str, int | None], models: Iterable[str]) -> None:
+        """The models held now (with their measured sizes), among the shelf's ``models``."""
+
+    def model_hooks(self, model: str, stats: Any) -> tuple[WorkerHooks, Callable[[int, float, int], None] | None]:
+        """The hooks and per-batch callback of ``model``'s worker; ``stats``: its live counters."""
+        return WorkerHooks(), None
 
 
 def entry_ms(entry_id: bytes) -> int:

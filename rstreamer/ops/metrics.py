@@ -14,6 +14,7 @@ import contextlib
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -41,7 +42,7 @@ from ..errors import (
     RemoteError,
     StreamerTimeout,
 )
-from .hooks import Entry, WorkerHooks, entry_ms, observing_wakeup
+from .hooks import Entry, ShelfHooks, WorkerHooks, entry_ms, observing_wakeup
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -63,36 +64,94 @@ WORKER_COUNTERS = {
 }
 
 
+def _stats_families(sources: dict[str, BatchStats], worker: str, gpu: str) -> Iterable[Metric]:
+    """The counters of live ``stats`` per prefix, as one family per counter (a sample per prefix)."""
+    for attr, (name, documentation) in WORKER_COUNTERS.items():
+        family = CounterMetricFamily(name, documentation, labels=["prefix"])
+        for prefix, stats in sources.items():
+            if hasattr(stats, attr):
+                family.add_metric([prefix], getattr(stats, attr))
+        yield family
+    caps: dict[str, int] = {}
+    for prefix, stats in sources.items():
+        cap = getattr(stats, "cost_cap", None)
+        if cap is not None:
+            caps[prefix] = int(cap)
+    if caps:
+        gauge = GaugeMetricFamily("rstreamer_worker_cost_cap", "The batch cost this worker learned it can "
+                                  "run without running out of memory.", labels=["prefix"])
+        for prefix, cap in caps.items():
+            gauge.add_metric([prefix], cap)
+        yield gauge
+    info = GaugeMetricFamily("rstreamer_worker_info", "This worker's consumer name and GPU (value 1).",
+                             labels=["prefix", "worker", "gpu"])
+    for prefix in sources:
+        info.add_metric([prefix, worker, gpu], 1)
+    yield info
+
+
 class StatsCollector(Collector):
-    """Exposes a worker's live ``stats`` counters at scrape time, labelled by prefix."""
+    """Exposes a worker's live ``stats`` counters at scrape time, labelled by prefix (a shelf
+    worker's: those of every model it served, see :meth:`add`)."""
 
     def __init__(self, prefix: str, stats: BatchStats, worker: str = "", gpu: int | None = None) -> None:
         self.prefix = prefix
         self.stats = stats
         self.worker = worker
         self.gpu = "" if gpu is None else str(gpu)
+        self.sources: dict[str, BatchStats] = {prefix: stats}
+
+    def add(self, prefix: str, stats: BatchStats) -> None:
+        """Expose the counters of one more prefix (they stay once its model is evicted: counters never go back)."""
+        self.sources[prefix] = stats
 
     def collect(self) -> Iterable[Metric]:
         """The current values, read when Prometheus scrapes."""
-        for attr, (name, documentation) in WORKER_COUNTERS.items():
-            if hasattr(self.stats, attr):
-                family = CounterMetricFamily(name, documentation, labels=["prefix"])
-                family.add_metric([self.prefix], getattr(self.stats, attr))
-                yield family
-        cap = getattr(self.stats, "cost_cap", None)
-        if cap is not None:
-            gauge = GaugeMetricFamily("rstreamer_worker_cost_cap", "The batch cost this worker learned it can "
-                                      "run without running out of memory.", labels=["prefix"])
-            gauge.add_metric([self.prefix], cap)
-            yield gauge
-        info = GaugeMetricFamily("rstreamer_worker_info", "This worker's consumer name and GPU (value 1).",
-                                 labels=["prefix", "worker", "gpu"])
-        info.add_metric([self.prefix, self.worker, self.gpu], 1)
-        yield info
+        return _stats_families(dict(self.sources), self.worker, self.gpu)
+
+
+class _WorkerFamilies:
+    """The worker's metric families, registered once per registry: the models of a shelf worker
+    share them (one label value each)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.batch_size = Histogram("rstreamer_worker_batch_size", "Items per batch.", ["prefix"],
+                                    buckets=BATCH_SIZE_BUCKETS, registry=registry)
+        self.predict_seconds = Histogram("rstreamer_worker_predict_seconds", "Seconds the model took per batch.",
+                                         ["prefix"], buckets=SECONDS_BUCKETS, registry=registry)
+        self.queue_wait = Histogram("rstreamer_worker_queue_wait_seconds", "Seconds each item waited in the "
+                                    "stream before a worker read it (on the Redis server's clock).", ["prefix"],
+                                    buckets=SECONDS_BUCKETS, registry=registry)
+        self.level_wait = Histogram("rstreamer_worker_level_queue_wait_seconds", "Seconds each item waited in "
+                                    "the stream of its priority level before a worker read it; the _count is "
+                                    "the items each level got.", ["prefix", "level"], buckets=SECONDS_BUCKETS,
+                                    registry=registry)
+        self.fill = Histogram("rstreamer_worker_batch_fill_ratio", "Items per batch divided by batch_size.",
+                              ["prefix"], buckets=FILL_BUCKETS, registry=registry)
+        self.closed = Counter("rstreamer_worker_batches_closed", "Batches by why they closed (full, cost_budget, "
+                              "latency, queue_empty).", ["prefix", "reason"], registry=registry)
+        self.in_flight = Gauge("rstreamer_worker_in_flight_items", "Items of the batch running now.", ["prefix"],
+                               registry=registry)
+        self.reply_seconds = Histogram("rstreamer_worker_reply_seconds", "Seconds from the end of predict to the "
+                                       "batch's replies and acks being in Redis.", ["prefix"],
+                                       buckets=WAKEUP_BUCKETS, registry=registry)
+
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _WorkerFamilies] = weakref.WeakKeyDictionary()
+_FAMILIES_LOCK = threading.Lock()
+
+
+def _families(registry: CollectorRegistry) -> _WorkerFamilies:
+    with _FAMILIES_LOCK:
+        found = _FAMILIES.get(registry)
+        if found is None:
+            found = _FAMILIES[registry] = _WorkerFamilies(registry)
+        return found
 
 
 class WorkerMetrics(WorkerHooks):
-    """The metrics of one worker process, in a registry of their own.
+    """The metrics of one worker process, in a registry of their own (a shelf worker's models each have
+    one, sharing the registry and its families).
 
     Besides the per-batch ``observe`` callback it implements the worker's hooks: queue wait per
     item (the entry id's time against the worker's estimate of the Redis server's clock, so no
@@ -106,27 +165,15 @@ class WorkerMetrics(WorkerHooks):
             registry = CollectorRegistry()
             ProcessCollector(registry=registry)
         self.registry = registry
-        self._batch_size = Histogram("rstreamer_worker_batch_size", "Items per batch.", ["prefix"],
-                                     buckets=BATCH_SIZE_BUCKETS, registry=registry).labels(prefix)
-        self._predict_seconds = Histogram("rstreamer_worker_predict_seconds", "Seconds the model took per batch.",
-                                          ["prefix"], buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
-        self._queue_wait = Histogram("rstreamer_worker_queue_wait_seconds", "Seconds each item waited in the "
-                                     "stream before a worker read it (on the Redis server's clock).", ["prefix"],
-                                     buckets=SECONDS_BUCKETS, registry=registry).labels(prefix)
-        self._level_wait = Histogram("rstreamer_worker_level_queue_wait_seconds", "Seconds each item waited in "
-                                     "the stream of its priority level before a worker read it; the _count is "
-                                     "the items each level got.", ["prefix", "level"], buckets=SECONDS_BUCKETS,
-                                     registry=registry)
-        self._fill = Histogram("rstreamer_worker_batch_fill_ratio", "Items per batch divided by batch_size.",
-                               ["prefix"], buckets=FILL_BUCKETS, registry=registry).labels(prefix)
-        closed = Counter("rstreamer_worker_batches_closed", "Batches by why they closed (full, cost_budget, "
-                         "latency, queue_empty).", ["prefix", "reason"], registry=registry)
-        self._closed = {reason: closed.labels(prefix, reason) for reason in CLOSE_REASONS}
-        self._in_flight = Gauge("rstreamer_worker_in_flight_items", "Items of the batch running now.", ["prefix"],
-                                registry=registry).labels(prefix)
-        self._reply_seconds = Histogram("rstreamer_worker_reply_seconds", "Seconds from the end of predict to the "
-                                        "batch's replies and acks being in Redis.", ["prefix"],
-                                        buckets=WAKEUP_BUCKETS, registry=registry).labels(prefix)
+        families = _families(registry)
+        self._batch_size = families.batch_size.labels(prefix)
+        self._predict_seconds = families.predict_seconds.labels(prefix)
+        self._queue_wait = families.queue_wait.labels(prefix)
+        self._level_wait = families.level_wait
+        self._fill = families.fill.labels(prefix)
+        self._closed = {reason: families.closed.labels(prefix, reason) for reason in CLOSE_REASONS}
+        self._in_flight = families.in_flight.labels(prefix)
+        self._reply_seconds = families.reply_seconds.labels(prefix)
         self._offset_ms = 0.0  # the Redis server's clock minus ours
         self._predict_end: float | None = None
         self._server: Any = None
@@ -180,6 +227,78 @@ class WorkerMetrics(WorkerHooks):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class ShelfMetrics(ShelfHooks):
+    """The metrics of a shelf worker process: its loads, load seconds, evictions, failed loads and
+    the items that waited for a load, per model; which models it holds and their resident bytes;
+    and each model's worker metrics (:class:`WorkerMetrics`, labelled by the model's prefix)."""
+
+    def __init__(self, shelf: str, registry: CollectorRegistry | None = None, worker: str = "",
+                 gpu: int | None = None) -> None:
+        if registry is None:
+            registry = CollectorRegistry()
+            ProcessCollector(registry=registry)
+        self.registry = registry
+        self.shelf = shelf
+        self.worker, self.gpu = worker, gpu
+        labels = ["shelf", "model"]
+        self._loads = Counter("rstreamer_shelf_loads", "Models this worker loaded.", labels, registry=registry)
+        self._load_seconds = Counter("rstreamer_shelf_load_seconds", "Seconds this worker spent loading models "
+                                     "(init_model).", labels, registry=registry)
+        self._evictions = Counter("rstreamer_shelf_evictions", "Models this worker evicted (drained, then "
+                                  "unloaded).", labels, registry=registry)
+        self._failures = Counter("rstreamer_shelf_load_failures", "Loads whose init_model failed.", labels,
+                                 registry=registry)
+        self._waited = Counter("rstreamer_shelf_load_waited_items", "Items that waited for a load: queued while "
+                               "no worker held their model, then served by the worker that loaded it.", labels,
+                               registry=registry)
+        self._held = Gauge("rstreamer_shelf_held", "1 for each model this worker holds now, else 0.", labels,
+                           registry=registry)
+        self._bytes = Gauge("rstreamer_shelf_resident_bytes", "Resident bytes of each model this worker holds, "
+                            "measured after its load (0 when not held).", labels, registry=registry)
+        self._stats: StatsCollector | None = None
+        self._models: dict[str, WorkerMetrics] = {}
+
+    def loaded(self, model: str, seconds: float, size: int | None) -> None:
+        """Count one load of ``model`` and its seconds."""
+        self._loads.labels(self.shelf, model).inc()
+        self._load_seconds.labels(self.shelf, model).inc(seconds)
+
+    def load_failed(self, model: str) -> None:
+        """Count one failed load of ``model``."""
+        self._failures.labels(self.shelf, model).inc()
+
+    def evicted(self, model: str) -> None:
+        """Count one eviction of ``model``."""
+        self._evictions.labels(self.shelf, model).inc()
+
+    def waited(self, model: str, items: int) -> None:
+        """Count ``items`` of ``model`` that waited for its load."""
+        self._waited.labels(self.shelf, model).inc(items)
+
+    def holding(self, sizes: dict[str, int | None], models: Iterable[str]) -> None:
+        """The models held now (with their measured sizes) among ``models``."""
+        for model in models:
+            self._held.labels(self.shelf, model).set(1 if model in sizes else 0)
+            self._bytes.labels(self.shelf, model).set(sizes.get(model) or 0)
+
+    def model_hooks(self, model: str, stats: Any) -> tuple[WorkerHooks, Callable[[int, float, int], None] | None]:
+        """The worker metrics of ``model`` (its counters exposed from ``stats``) and its per-batch callback."""
+        if self._stats is None:
+            self._stats = StatsCollector(model, stats, self.worker, self.gpu)
+            self.registry.register(self._stats)
+        else:
+            self._stats.add(model, stats)
+        metrics = self._models.get(model)
+        if metrics is None:
+            metrics = self._models[model] = WorkerMetrics(model, self.registry)
+        return metrics, metrics.observe
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` on ``addr:port`` from a daemon thread (default: this machine only, as a
+        plain worker's); raises OSError if the port is taken."""
+        start_http_server(port, addr, registry=self.registry)
 
 
 OUTCOMES = ("ok", "timeout", "overloaded", "cancelled", "rate_limited", "too_large", "no_worker", "unavailable",

@@ -14,6 +14,7 @@ NAMESPACE = "rstreamer"
 GROUP = "workers"
 WEBHOOK_GROUP = "webhooks"
 DEFAULT_PREFIX = "default"
+DEFAULT_SHELF = "default"
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 _TENANT = re.compile(r"[A-Za-z0-9_.\-@]{1,100}")
@@ -33,6 +34,13 @@ def validate_prefix(prefix: str) -> str:
             f"invalid prefix {prefix!r}: use 1-100 characters among letters, digits, '_', '.', '-'"
         )
     return prefix
+
+
+def validate_shelf_name(name: str) -> str:
+    """Return the shelf name (the same characters as a prefix) or raise ConfigError."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"invalid shelf name {name!r}: use 1-100 characters among letters, digits, '_', '.', '-'")
+    return name
 
 
 def is_reply_token(token: str) -> bool:
@@ -138,6 +146,12 @@ class Keys:
         if not is_tenant(tenant):
             raise ValueError(f"invalid tenant {tenant!r}")
         return self._key("bucket", tenant)
+
+    @property
+    def shelf(self) -> str:
+        """The name of the shelf whose workers can load this prefix's model (see :class:`ShelfKeys`);
+        has a TTL, refreshed by live shelf workers."""
+        return self._key("shelf")
 
     @property
     def dead(self) -> str:
@@ -254,6 +268,53 @@ class Keys:
         if not is_reply_token(token):
             raise ValueError(f"invalid reply token {token!r}")
         return self._key("stream", token)
+
+
+@dataclass(frozen=True)
+class ShelfKeys:
+    """Key names of one shelf: the models a fleet of shelf workers loads and evicts on demand.
+
+    They share the hash tag ``{shelf:<name>}`` (one Redis Cluster slot, so one script reads the
+    fleet's state); a prefix cannot contain ``:``, so no prefix's keys collide with them. Each
+    model's own keys stay those of its prefix (:class:`Keys`).
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_shelf_name(self.name)
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((NAMESPACE, "{shelf:" + self.name + "}") + parts)
+
+    @property
+    def models(self) -> str:
+        """The shelf as its workers publish it (JSON: name, digest, models and their batch settings); has a TTL."""
+        return self._key("models")
+
+    @property
+    def workers(self) -> str:
+        """The hash of the shelf workers' heartbeats (as a prefix's :attr:`Keys.workers`); has a TTL."""
+        return self._key("workers")
+
+    @property
+    def holders(self) -> str:
+        """The hash of what each shelf worker holds and loads (JSON per worker); has a TTL."""
+        return self._key("holders")
+
+    @property
+    def stats(self) -> str:
+        """The hash of per-model counters and measures (loads, evictions, load time, size, failures); has a TTL."""
+        return self._key("stats")
+
+    @property
+    def events(self) -> str:
+        """A capped stream of loads, evictions and failures (not work: it has a TTL)."""
+        return self._key("events")
+
+    def lease(self, model: str) -> str:
+        """The fleet-wide load lease of one model: the worker loading it (a string with a TTL)."""
+        return self._key("lease", validate_prefix(model))
 
 
 def _checked_job_id(job_id: str) -> str:

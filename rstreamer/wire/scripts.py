@@ -36,7 +36,11 @@ NAMES = (
     "queue_depths",
     "read_levels",
     "read_own_pending",
+    "read_serving",
     "read_workers",
+    "shelf_drop_lease",
+    "shelf_state",
+    "shelf_take_lease",
 )
 _INCLUDE = re.compile(r'^--- @include "([\w/]+\.lua)"$', re.M)
 
@@ -82,7 +86,11 @@ class Scripts:
     queue_depths: Any
     read_levels: Any
     read_own_pending: Any
+    read_serving: Any
     read_workers: Any
+    shelf_drop_lease: Any
+    shelf_state: Any
+    shelf_take_lease: Any
 
     def __init__(self, client: Any) -> None:
         for name in NAMES:

@@ -1,4 +1,5 @@
-"""Worker heartbeats in ``rstreamer:{p}:workers``, stamped with the Redis server's clock."""
+"""Worker heartbeats in ``rstreamer:{p}:workers`` (and a shelf worker's in its shelf's workers hash),
+stamped with the Redis server's clock."""
 from __future__ import annotations
 
 import json
@@ -9,14 +10,14 @@ from typing import Any
 import redis
 
 from ..broker.connection import RedisClient
-from ..wire.keys import Keys
 from ..wire.scripts import scripts
 
 logger = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """One worker's entry in the workers hash: beat, and remove it when the worker stops.
+    """One worker's entry in a workers hash (``key``, e.g. ``Keys.workers``): beat, and remove it
+    when the worker stops.
 
     The beats come from a process of their own (:mod:`rstreamer.worker.beater`), so a model that holds
     the GIL cannot starve them; the worker beats once itself at start, before it serves.
@@ -25,13 +26,13 @@ class Heartbeat:
     def __init__(
         self,
         client: RedisClient,
-        keys: Keys,
+        key: str,
         name: str,
         info: Callable[[], dict[str, Any]],
         ttl: float,
     ) -> None:
         self._client = client
-        self._keys = keys
+        self.key = key
         self._name = name
         self._info = info
         self._ttl_ms = int(ttl * 1000)
@@ -40,7 +41,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Stamp this worker live now (raises redis errors)."""
-        self._script(keys=[self._keys.workers], args=[self._name, json.dumps(self._info()), self._ttl_ms])
+        self._script(keys=[self.key], args=[self._name, json.dumps(self._info()), self._ttl_ms])
 
     def beat_logged(self) -> None:
         """Beat; a failure is logged once per outage, not raised (the next beat retries)."""
@@ -58,7 +59,7 @@ class Heartbeat:
     def remove(self) -> None:
         """Remove this worker's entry: it no longer serves."""
         try:
-            self._client.hdel(self._keys.workers, self._name)
+            self._client.hdel(self.key, self._name)
         except redis.RedisError as exc:
             logger.warning("worker %s: could not remove heartbeat: %s", self._name, exc)
 

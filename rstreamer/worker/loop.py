@@ -11,7 +11,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
@@ -21,7 +21,7 @@ from ..batching.costing import OomGuard, oom_error_types, safe_cost
 from ..batching.priority import Levels
 from ..batching.quotas import Quotas
 from ..broker.clock import ServerClock
-from ..broker.connection import create_redis, is_nogroup, normalize_broker_url, redacted
+from ..broker.connection import RedisClient, create_redis, is_nogroup, normalize_broker_url, redacted
 from ..errors import FailureKind
 from ..jobs.sink import JobSink
 from ..jobs.webhooks import WebhookSender
@@ -61,10 +61,66 @@ def _level_of(parsed: Parsed) -> int:
     return parsed.level
 
 
+@dataclass
+class WorkerContext:
+    """What the prefixes one worker process serves share: its consumer name, its Redis client, its
+    estimate of the server's clock, its stop flag and its heartbeat process (a plain worker serves
+    one prefix; a shelf worker, rstreamer.worker.shelf, the models it holds)."""
+
+    name: str
+    redis: RedisClient
+    clock: ServerClock
+    stopping: threading.Event
+    beater: Beater | None = None  # set by the owner, which knows what to beat
+
+    @classmethod
+    def create(cls, url: str, settings: WorkerSettings) -> WorkerContext:
+        """A context for a new worker process on ``url``."""
+        name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        # The longest read blocks for idle_block (waiting for a first item) or max_latency
+        # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
+        longest_block = max(settings.idle_block, settings.max_latency)
+        return cls(name, create_redis(url, socket_timeout=longest_block + 5.0), ServerClock(), threading.Event())
+
+
+class StopOnSignal:
+    """SIGTERM and SIGINT (in the main thread) only set the stop flag: the loop drains. A watchdog
+    ends the process if the drain outlasts ``drain_timeout`` (a batch that never ends)."""
+
+    def __init__(self, stopping: threading.Event, drain_timeout: float) -> None:
+        self._stopping = stopping
+        self._drain_timeout = drain_timeout
+        self._watchdog: threading.Timer | None = None
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT (a no-op outside the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only set flags here; the loop drains. The watchdog bounds a batch that never ends.
+        self._stopping.set()
+        if self._watchdog is None:
+            self._watchdog = threading.Timer(self._drain_timeout, os._exit, args=(1,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def finish(self) -> None:
+        """The drain is over: the watchdog must not end the process that goes on."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+
 class RedisWorker:
     """Serve one prefix: batch, predict, reply, ack; reclaim the work of dead workers.
 
     ``model_class`` is a ManagedModel subclass, a batch function, or an import string.
+    ``context``: the process's shared parts when this worker is one of the prefixes a shelf
+    worker serves (its owner drives :meth:`open`, :meth:`step` and :meth:`retire`); ``stats``:
+    the counters to add to (they outlive one load of a shelf's model).
     """
 
     def __init__(
@@ -81,6 +137,8 @@ class RedisWorker:
         settings: WorkerSettings | None = None,
         adaptive: bool = True,
         observe: BatchObserver | None = None,
+        context: WorkerContext | None = None,
+        stats: WorkerStats | None = None,
     ) -> None:
         self.observe = observe
         self.settings = (settings or WorkerSettings.from_env()).replace(batch_size=batch_size, max_latency=max_latency)
@@ -88,19 +146,18 @@ class RedisWorker:
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix)
         self.gpu_id = gpu_id
-        self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.stats = WorkerStats()
+        self.context = context or WorkerContext.create(self.url, self.settings)
+        self.name = self.context.name
+        self.stats = stats if stats is not None else WorkerStats()
         self._model = model_class
         self._init_args = model_init_args
         self._init_kwargs = model_init_kwargs
         self._predict: Predictor = _not_loaded
-        self._stopping = threading.Event()
-        self._watchdog: threading.Timer | None = None
+        self._refusal: Failure | None = None  # set by refuse(): every item gets this failure
+        self._stopping = self.context.stopping
+        self._signals = StopOnSignal(self._stopping, self.settings.drain_timeout)
         self._started = time.time()
-        # The longest read blocks for idle_block (waiting for a first item) or max_latency
-        # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
-        longest_block = max(self.settings.idle_block, self.settings.max_latency)
-        self._redis = create_redis(self.url, socket_timeout=longest_block + 5.0)
+        self._redis = self.context.redis
         self.levels = self.settings.levels()
         self.quotas = self.settings.quotas()
         plain = self.levels.count == 1 and not self.levels.fair
@@ -119,17 +176,19 @@ class RedisWorker:
                                        dead_after=self.settings.dead_after,
                                        reclaim_interval=self.settings.reclaim_interval)
         heartbeat_ttl = self.settings.dead_after * 10
-        self._heartbeat = Heartbeat(self._redis, self.keys, self.name, self._info, ttl=heartbeat_ttl)
-        self._beater = Beater(self.url, self.keys.prefix, self.name, self._info,
-                              interval=self.settings.heartbeat_interval, ttl=heartbeat_ttl,
-                              stuck_after=self.settings.stuck_after)
+        self._heartbeat = Heartbeat(self._redis, self.keys.workers, self.name, self._info, ttl=heartbeat_ttl)
+        if self.context.beater is None:
+            self.context.beater = Beater(self.url, self.name, lambda: {self.keys.workers: self._info()},
+                                         interval=self.settings.heartbeat_interval, ttl=heartbeat_ttl,
+                                         stuck_after=self.settings.stuck_after)
+        self._beater = self.context.beater
         self._next_reclaim = 0.0
         # The model's cost() and out-of-memory errors are set once it is loaded (_use_model).
         # A costed batch is built around the most urgent item held (see Batcher): its level.
         self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model),
                                                  urgency=_level_of)
         self._hint = self._batcher.hint
-        self._clock = ServerClock()  # deadlines are on Redis's clock, never this host's
+        self._clock = self.context.clock  # deadlines are on Redis's clock, never this host's
         self._lane: GenerativeLane | None = None  # set when the model is a GenerativeModel
         # Always measured and published in the heartbeat (rstreamer.ops.pace): the drain time and
         # the dashboard's latencies come from it, with or without a metrics endpoint.
@@ -150,6 +209,10 @@ class RedisWorker:
     def hooks(self, hooks: WorkerHooks) -> None:
         self._hooks = hooks
         self._observers = ChainedHooks(self._pace, hooks)
+
+    def info(self) -> dict[str, Any]:
+        """What this worker's heartbeat on its prefix says: where it runs, and its counters."""
+        return self._info()
 
     def _info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
@@ -178,6 +241,7 @@ class RedisWorker:
             self._finish_drain()
             return
         self._beater.start()
+        self._beater.wait_started(self._heartbeat.beat_logged, self.settings.dead_after * 10)
         self._webhooks.start()
         logger.info("worker %s: serving prefix %r on %s: %s", self.name, self.keys.prefix, redacted(self.url),
                     serving_summary(self.settings, self.levels, self.quotas, generative=self._lane is not None))
@@ -195,6 +259,42 @@ class RedisWorker:
         """
         if self._predict is _not_loaded:
             self._use_model(load_predictor(self._model, self.gpu_id, self._init_args, self._init_kwargs))
+
+    def refuse(self, failure: Failure) -> None:
+        """Answer every item read from now on with ``failure`` instead of running a model (a shelf
+        model whose ``init_model`` failed: its callers get the error at once)."""
+        self._refusal = failure
+        self._predict = _refused
+
+    def open(self) -> bool:
+        """Start serving the prefix beside others in this process (a shelf worker's model): create
+        its streams and groups, publish its levels and quotas, beat once, start the webhook sender.
+        False if the process was stopped meanwhile."""
+        if not self._connect():
+            return False
+        self._webhooks.start()
+        return True
+
+    def retire(self, wait_webhooks: bool = True) -> int:
+        """Stop serving the prefix: run what was read and not answered yet (drain), stop the
+        webhook sender (``wait_webhooks=False``: without waiting for its thread), and leave the
+        consumer groups when nothing of ours is pending there.
+
+        Returns the entries still pending with this worker (0 after a clean drain; the others, after
+        a Redis error, are served again by whoever serves the prefix next)."""
+        self._drain_held()
+        self._webhooks.stop(wait_webhooks)
+        left = 0
+        try:
+            for level in range(self.levels.count):
+                stream = self.keys.requests_at(level)
+                pending = len(self._redis.xpending_range(stream, self.keys.group, "-", "+", 1000, self.name))
+                if not pending:
+                    self._redis.xgroup_delconsumer(stream, self.keys.group, self.name)
+                left += pending
+        except redis.RedisError as exc:
+            logger.warning("worker %s: could not deregister from prefix %r: %s", self.name, self.keys.prefix, exc)
+        return left
 
     def _use_model(self, predict: Predictor) -> None:
         """Serve ``predict``; batch by its model's ``cost()`` when it defines one."""
@@ -233,44 +333,25 @@ class RedisWorker:
         return False
 
     def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        # Only set flags here; the loop drains. The watchdog bounds a batch that never ends.
-        self._stopping.set()
-        if self._watchdog is None:
-            self._watchdog = threading.Timer(self.settings.drain_timeout, os._exit, args=(1,))
-            self._watchdog.daemon = True
-            self._watchdog.start()
+        self._signals.install()
 
     def _finish_drain(self) -> None:
         """The drain is over: the watchdog must not end the process that goes on."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+        self._signals.finish()
 
     def _shutdown(self) -> None:
-        self._drain_held()
-        self._webhooks.stop()
+        self.retire()
         self._beater.stop()
-        try:
-            for level in range(self.levels.count):
-                stream = self.keys.requests_at(level)
-                if not self._redis.xpending_range(stream, self.keys.group, "-", "+", 1, self.name):
-                    self._redis.xgroup_delconsumer(stream, self.keys.group, self.name)
-        except redis.RedisError as exc:
-            logger.warning("worker %s: could not deregister: %s", self.name, exc)
         self._redis.close()
         logger.info("worker %s: stopped after %d batches, %d items", self.name, self.stats.batches, self.stats.items)
         self._finish_drain()
 
     # one iteration ---------------------------------------------------------------------
 
-    def step(self) -> None:
-        """Reclaim if due, then read one batch and answer it."""
+    def step(self, first_wait: float | None = None) -> bool:
+        """Reclaim if due, then read one batch (waiting up to ``first_wait`` s for a first item,
+        ``idle_block`` by default) and answer it; True if it ran something."""
+        wait = self.settings.idle_block if first_wait is None else first_wait
         try:
             if time.monotonic() >= self._next_reclaim:
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
@@ -279,11 +360,12 @@ class RedisWorker:
                 # Jobs whose feed their quota or their level's bound held back (one ZRANGEBYSCORE).
                 self._jobs.pump(int(self._clock.now() * 1000))
             if self._lane is not None:
-                self._lane.step(self.settings.idle_block)
-                return
-            batch, costs = self._batcher.next_batch(self._parsed, self.settings.idle_block)
+                self._lane.step(wait)
+                return not self._lane.scheduler.idle
+            batch, costs = self._batcher.next_batch(self._parsed, wait)
             if batch:
                 self._run(batch, costs)
+            return bool(batch)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._back_off(f"Redis unavailable ({exc})")
         except redis.RedisError as exc:
@@ -294,6 +376,7 @@ class RedisWorker:
             # are handled): no input may end the worker. What it read is served again.
             logger.exception("worker %s: unexpected error", self.name)
             self._back_off(f"unexpected error {type(exc).__name__}: {exc}")
+        return False
 
     def _run(self, batch: list[Parsed], costs: list[int]) -> None:
         self._observers.batch_started([parsed.entry for parsed in batch], self._hint.closed, self.policy.batch_size,
@@ -401,11 +484,14 @@ class RedisWorker:
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
         requests, request_costs = self._jobs.admit(requests, request_costs)
-        # Deadlines and withdrawals are checked right before every call of the model (each half
-        # of a batch that a failure splits included): nothing runs for a caller that is gone.
-        ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint,
-                           oom=self._batcher.oom, costs=request_costs, clock=self._clock.now,
-                           withdrawn=self._withdrawn)
+        if self._refusal is not None:
+            ran = [(request, Outcome[Any](False, failure=self._refusal)) for request in requests]
+        else:
+            # Deadlines and withdrawals are checked right before every call of the model (each half
+            # of a batch that a failure splits included): nothing runs for a caller that is gone.
+            ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint,
+                               oom=self._batcher.oom, costs=request_costs, clock=self._clock.now,
+                               withdrawn=self._withdrawn)
         self._beater.tick()
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran
                     if outcome is not WITHDRAWN]
@@ -598,3 +684,7 @@ def _dead(error_type: str, message: str) -> Outcome[Any]:
 
 def _not_loaded(batch: list[Any]) -> list[Any]:
     raise RuntimeError("the model is loaded by run_forever()")
+
+
+def _refused(batch: list[Any]) -> list[Any]:
+    raise RuntimeError("this prefix's model is refused (see RedisWorker.refuse)")

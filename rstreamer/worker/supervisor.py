@@ -24,7 +24,8 @@ from ..batching.batcher import BatchStats
 from ..errors import ConfigError
 from ..model.managed import ModelSpec, model_ref, resolve_model
 from ..ops.logs import configure_logging
-from ..settings import WorkerSettings
+from ..settings import ShelfSettings, WorkerSettings
+from ..shelf.spec import Shelf
 from ..wire.keys import Keys
 from .alive import AliveStamp
 from .placement import child_environment, cuda_device_count, missing_gpus, pin_process_to, process_context, round_robin
@@ -49,7 +50,9 @@ class WorkerSpec:
     source for them, as for every worker setting). ``metrics_port``: the worker of slot ``i``
     serves Prometheus metrics on ``metrics_host:metrics_port + i`` (None: no metrics; the host
     is loopback by default, 0.0.0.0 exposes them, e.g. in a container). ``log_interval``:
-    seconds between two info summary lines (0: none).
+    seconds between two info summary lines (0: none). ``shelf``: serve the models of a shelf
+    instead of ``model`` on ``prefix`` (each worker holds ``shelf_settings.slots`` of them at once;
+    see rstreamer.worker.shelf).
     """
 
     model: ModelSpec
@@ -63,6 +66,8 @@ class WorkerSpec:
     metrics_port: int | None = None
     log_interval: float = 10.0
     metrics_host: str = "127.0.0.1"
+    shelf: Shelf | None = None
+    shelf_settings: ShelfSettings | None = None
 
 
 def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded: Any = None,
@@ -86,6 +91,9 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded:
     from ..ops.tracing import worker_tracer
     from .loop import RedisWorker
 
+    if spec.shelf is not None:
+        _serve_shelf(spec, spec.shelf, gpu_id, slot, loaded, slot_info)
+        return
     try:
         resolve_model(spec.model)  # imported once here; the worker's load finds it in sys.modules
     except ConfigError as exc:
@@ -135,6 +143,32 @@ def _where(exc: BaseException) -> str:
     return f" (at {frame.filename}:{frame.lineno} in {frame.name})"
 
 
+def _serve_shelf(spec: WorkerSpec, shelf: Shelf, gpu_id: int | None, slot: int, loaded: Any,
+                 slot_info: dict[str, Any] | None) -> None:
+    """Entry point of one shelf worker process (the models are imported when they are loaded)."""
+    from ..ops.tracing import worker_tracer
+    from .shelf import ShelfWorker
+
+    metrics = _shelf_metrics(spec, shelf, slot, gpu_id)
+    worker = ShelfWorker(shelf, spec.redis_url, settings=spec.shelf_settings, worker_settings=spec.settings,
+                         gpu_id=gpu_id, hooks=metrics, tracer=worker_tracer)
+    worker.slot_info = dict(slot_info or {"slot": slot})
+    if metrics is not None:
+        metrics.worker = worker.name
+    if loaded is not None:
+        loaded.set()  # nothing to load at start: a model that fails to load later fails alone
+    threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
+    worker.run_forever()
+
+
+def _shelf_metrics(spec: WorkerSpec, shelf: Shelf, slot: int, gpu_id: int | None) -> Any:
+    if spec.metrics_port is None:
+        return None
+    from ..ops.metrics import ShelfMetrics
+
+    return _serve_metrics(ShelfMetrics(shelf.name, gpu=gpu_id), spec, slot)
+
+
 def _stop_when_orphaned(worker: Any, parent: int, interval: float = 1.0) -> None:
     # A supervisor killed with SIGKILL cannot forward SIGTERM; without this, its workers would
     # keep serving (and holding their GPU memory) next to the workers of its replacement.
@@ -149,7 +183,12 @@ def _worker_metrics(spec: WorkerSpec, slot: int) -> Any:
         return None
     from ..ops.metrics import WorkerMetrics
 
-    metrics = WorkerMetrics(Keys(spec.prefix).prefix)
+    return _serve_metrics(WorkerMetrics(Keys(spec.prefix).prefix), spec, slot)
+
+
+def _serve_metrics(metrics: Any, spec: WorkerSpec, slot: int) -> Any:
+    """Serve ``metrics`` (a WorkerMetrics or ShelfMetrics) on the slot's port; a port taken is logged."""
+    assert spec.metrics_port is not None
     port = spec.metrics_port + slot
     try:
         metrics.serve(port, spec.metrics_host)

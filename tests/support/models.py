@@ -272,3 +272,41 @@ class Ticker(GenerativeModel):
     def cancel(self, keys: Sequence[int]) -> None:
         for key in keys:
             self.live.pop(key, None)
+
+
+class Tagged(ManagedModel):
+    """A shelf's model: answers each item with ``[tag, pid, 2 * item]``, so a test sees which model
+    and which process served it. ``load_delay``: seconds init_model takes (a real load cost);
+    ``log``: a file where every item run is appended as ``tag pid item``; ``fail``: init_model raises."""
+
+    def init_model(self, tag: str, load_delay: float = 0.0, log: str | None = None, fail: bool = False,
+                   delay: float = 0.0) -> None:
+        time.sleep(load_delay)
+        if fail:
+            raise FileNotFoundError(f"no weights for {tag}")
+        self.tag, self.log, self.delay = tag, log, delay
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        if self.delay:
+            time.sleep(self.delay)
+        if self.log:
+            with open(self.log, "a") as log:
+                log.write("".join(f"{self.tag} {os.getpid()} {item!r}\n" for item in batch))
+        return [[self.tag, os.getpid(), item * 2] for item in batch]
+
+
+class CostedTagged(Tagged):
+    """Tagged with a cost per item (1 to 4): its worker batches by cost and holds items read ahead."""
+
+    def cost(self, item: Any) -> int:
+        return 1 + int(item) % 4
+
+
+class TextLengths(ManagedModel):
+    """A tiny embedding model: each text becomes ``[its length, 1.0]`` (for the OpenAI embeddings route)."""
+
+    def init_model(self, load_delay: float = 0.0) -> None:
+        time.sleep(load_delay)
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return [[float(len(text)), 1.0] for text in batch]

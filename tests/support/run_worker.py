@@ -20,6 +20,15 @@ def main() -> None:
         worker_spec = WorkerSpec(spec["model"], spec["url"], spec["prefix"], init_kwargs=spec.get("init_kwargs"),
                                  settings=batching, log_level=spec.get("log_level", "WARNING"))
         raise SystemExit(Supervisor(worker_spec, [None] * spec["supervised"]).run())
+    if spec.get("shelf"):
+        from rstreamer.settings import ShelfSettings
+        from rstreamer.shelf.spec import parse_shelf
+        from rstreamer.worker.shelf import ShelfWorker
+
+        shelf = parse_shelf(spec["shelf"], "shelf", settings)
+        ShelfWorker(shelf, spec["url"], settings=ShelfSettings(**spec.get("shelf_settings", {})),
+                    worker_settings=settings).run_forever()
+        return
     worker = RedisWorker(
         spec["model"], spec.get("batch_size", 16), spec.get("max_latency", 0.02), spec["url"], spec["prefix"],
         model_init_kwargs=spec.get("init_kwargs"), settings=settings, adaptive=spec.get("adaptive", True),

@@ -36,7 +36,8 @@ def test_every_option_from_the_environment():
            "RSTREAMER_WAIT_FOR_REDIS": "30", "RSTREAMER_PRIORITIES": "8,1", "RSTREAMER_LEVEL_MAX_QUEUE": "0,500",
            "RSTREAMER_TENANT_RATE": "50", "RSTREAMER_TENANT_BURST": "100", "RSTREAMER_TENANT_QUOTAS": "acme=500:1000",
            "RSTREAMER_TENANT_SHARING": "Fair", "RSTREAMER_WEBHOOK_ALLOW": "10.0.0.0/8,hooks.internal",
-           "RSTREAMER_METRICS_HOST": "0.0.0.0"}
+           "RSTREAMER_METRICS_HOST": "0.0.0.0", "RSTREAMER_SHELF": "", "RSTREAMER_SLOTS": "4",
+           "RSTREAMER_MEMORY_BUDGET": "2GiB", "RSTREAMER_SHELF_POLICY": "LRU"}
     args = parse([], env)
     assert vars(args) == {"redis": "redis://r:1/2", "prefix": "envp", "gpus": [0, 1], "workers_per_gpu": 2,
                           "batch_size": 8, "max_latency": 0.5, "init_args": [1], "init_kwargs": {"a": 2},
@@ -45,8 +46,22 @@ def test_every_option_from_the_environment():
                           "liveness": False, "wait_for_redis": 30.0, "priorities": "8,1", "level_max_queue": "0,500",
                           "tenant_rate": 50.0, "tenant_burst": 100, "tenant_quotas": "acme=500:1000",
                           "tenant_sharing": "fair", "webhook_allow": "10.0.0.0/8,hooks.internal",
-                          "metrics_host": "0.0.0.0"}
+                          "metrics_host": "0.0.0.0", "shelf": None, "slots": 4, "memory_budget": 2 * 2**30,
+                          "shelf_policy": "lru"}
     assert set(env) == set(cli.WORKER_ENV.values())
+
+
+def test_a_shelf_replaces_the_model_and_the_prefix(capsys):
+    args = parse(["--shelf", "shelf.json", "--slots", "2", "--memory-budget", "512MiB"], {"RSTREAMER_PREFIX": "envp"})
+    assert (args.shelf, args.slots, args.memory_budget, args.model, args.prefix) == ("shelf.json", 2, 512 * 2**20,
+                                                                                     None, None)
+    assert parse([], {"RSTREAMER_SHELF": "s.json"}).shelf == "s.json"
+    with pytest.raises(SystemExit):
+        parse(["--shelf", "shelf.json", "--prefix", "p"], {})
+    assert "give no model and no --prefix with it" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["--shelf", "shelf.json", "--slots", "0"], {})
+    assert "--slots" in capsys.readouterr().err
 
 
 def test_command_line_beats_environment():

@@ -2,7 +2,8 @@
 
 By default a model's name is its prefix (``model="chat"`` reaches the workers started with
 ``--prefix chat``); ``RSTREAMER_OPENAI_MODELS`` maps other names (``gpt-4o-mini=chat``). A name
-is served when workers heart-beat on its prefix: a name nobody ever served is a 404
+is served when workers heart-beat on its prefix, or when live workers of a shelf can load it
+(docs/shelf.md: the call waits for the load): a name nobody ever served is a 404
 ``model_not_found``, a served one whose workers are all gone a 503 after the grace period (as
 for ``/predict``, see webapp/gate.py). The web apps do the reads; this module decides.
 """
@@ -19,7 +20,8 @@ from rstreamer.broker.connection import RedisClient
 from rstreamer.errors import BrokerUnavailable, ConfigError
 from rstreamer.ops.status import list_prefixes
 from rstreamer.wire.keys import Keys, validate_prefix
-from rstreamer.wire.published import live_workers, read_workers
+from rstreamer.wire.published import live_workers
+from rstreamer.wire.shelf import read_serving, shelf_prefixes
 
 from ..gate import Heartbeats, WorkerGate
 from .config import OpenAIConfig
@@ -104,10 +106,12 @@ class ModelDirectory:
 
     def _read_listed(self, client: RedisClient) -> list[tuple[str, int]]:
         config = self.config
-        prefixes = sorted(set(config.models.values())) if config.openai_models_only else list_prefixes(client)
+        # A shelf's models count as served while a live shelf worker can load them, called or not.
+        prefixes = (sorted(set(config.models.values())) if config.openai_models_only
+                    else sorted(set(list_prefixes(client)) | set(shelf_prefixes(client))))
         models = []
         for prefix in prefixes:
-            created = self._live_since(read_workers(client, Keys(prefix)))
+            created = self._live_since(read_serving(client, Keys(prefix)))
             if created is None:
                 continue
             aliases = sorted(name for name, target in config.models.items() if target == prefix)

@@ -15,8 +15,7 @@ from rstreamer import AsyncRedisStreamer, RedisStreamer
 from rstreamer.broker.connection import create_async_redis, create_redis
 from rstreamer.errors import BrokerUnavailable
 from rstreamer.wire.keys import Keys
-from rstreamer.wire.published import parse_read_workers, read_workers
-from rstreamer.wire.scripts import scripts
+from rstreamer.wire.shelf import aread_serving, read_serving
 
 from .. import protocol
 from ..config import WebConfig
@@ -40,7 +39,8 @@ class _Common:
 
     def resolve(self, model: str) -> str:
         """The prefix serving ``model`` (sync I/O); 404 or NoLiveWorker (503) as the directory decides."""
-        return self.directory.resolve(model, lambda keys: read_workers(self.probe, keys))
+        # A shelf's live workers serve its cold models too: the call waits for the load.
+        return self.directory.resolve(model, lambda keys: read_serving(self.probe, keys))
 
     def models(self) -> list[tuple[str, int]]:
         """``(name, created)`` of the models live workers serve (sync I/O)."""
@@ -92,9 +92,7 @@ class AsyncOpenAIService(_Common):
                 self._async_probe = create_async_redis(self.config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT,
                                                        retries=0)
             with contextlib.suppress(redis.RedisError, BrokerUnavailable, asyncio.TimeoutError):
-                keys = Keys(prefix)
-                reply = await scripts(self._async_probe).read_workers(keys=[keys.workers])
-                gate.update(parse_read_workers(reply))
+                gate.update(await aread_serving(self._async_probe, Keys(prefix)))
         directory.check(model, prefix, gate)
         return prefix
 

@@ -9,6 +9,7 @@ unless told otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import socket
@@ -71,13 +72,16 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     from ...broker.connection import create_redis, normalize_broker_url, redacted
     from ...errors import BrokerUnavailable
     from ...settings import WorkerSettings
+    from ..shelves import dashboard_shelves
     from .app import Options, create_app
     from .sampler import Sampler
 
     try:
         url = normalize_broker_url(args.redis)
         client = create_redis(url, socket_timeout=5.0, retries=1)
-        sampler = Sampler(client, WorkerSettings.from_env().dead_after, args.interval, args.window, args.prefix)
+        dead_after = WorkerSettings.from_env().dead_after
+        sampler = Sampler(client, dead_after, args.interval, args.window, args.prefix,
+                          shelf=functools.partial(dashboard_shelves, dead_after=dead_after))
     except (ValueError, BrokerUnavailable) as exc:  # ValueError: ConfigError, or one of redis-py's own
         print(f"rstreamer dashboard: {exc}", file=sys.stderr)
         return 2

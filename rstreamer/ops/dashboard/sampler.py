@@ -125,6 +125,8 @@ class Sampler:
         }
         live = len(live_workers(snapshot.now_ms, snapshot.workers, int(self.dead_after * 1000)))
         row["state"] = status.prefix_state(live, snapshot.queue_length + snapshot.pending)
+        shelf = self.client.get(keys.shelf)  # a cold shelf model: a shelf worker loads it at its next call
+        row["shelf"] = shelf.decode() if isinstance(shelf, bytes) else shelf
         row["history"] = self._remember(snapshot.prefix, snapshot.now_ms, row)
         return row
 

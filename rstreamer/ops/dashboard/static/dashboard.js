@@ -248,6 +248,7 @@ function prefixSection(p) {
 function prefixState(p) {
   if (p.workers.length) return ["serving", `${p.workers.length} live worker${p.workers.length > 1 ? "s" : ""}`, ""];
   const backlog = p.queue_length + p.pending;
+  if (p.shelf) return ["idle", `cold (shelf ${p.shelf})`, ""];  // a shelf worker loads it on its next call
   if (!backlog) return ["idle", "idle", ""];
   return ["unserved", "no live worker",
     `No live worker serves ${p.prefix}: ${backlog} item${backlog > 1 ? "s" : ""} wait. Calls fail with NoLiveWorker `
@@ -274,13 +275,57 @@ function updatePrefix(section, p, stale) {
   syncTable(section.querySelector('[data-testid="dead"]'), p.dead, d => d.id, deadRow(p.prefix), updateDead);
 }
 
-// --- the shelf of models (issue 24) ----------------------------------------------------------------
-// The hook for the shelf: /api/state carries `shelf` (null until a shelf exists; see
-// Sampler(shelf=...)). Fill this in with the shelf's rows (model, holders, loading, backlog...), keyed
-// like the tables above; the section stays hidden while `shelf` is null.
+// --- the shelves of models -------------------------------------------------------------------------
+// /api/state carries `shelf`: null without a shelf, else one object per shelf (rstreamer.ops.shelves):
+// its live workers with the models each holds, and per model its holders, backlog, loads and load time.
+
+function shelfWorkerRow() {
+  return el("tr", { "data-testid": "shelf-worker" }, ...Array.from({ length: 7 }, () => el("td")));
+}
+
+function updateShelfWorker(row, w) {
+  const busy = [["loading", w.loading], ["refusing", w.refusing]].filter(([, list]) => list.length)
+    .map(([kind, list]) => `${kind} ${list.join(", ")}`).join("; ");
+  setAttr(row, "data-pid", w.pid);
+  cells(row, [w.host ?? "-", w.pid ?? "-", `${w.held.length} / ${w.slots}`, w.held.join(", ") || "-", busy || "-",
+    w.loads, w.evictions]);
+  row.title = w.name;
+}
+
+function shelfModelRow() {
+  return el("tr", { "data-testid": "shelf-model" }, ...Array.from({ length: 10 }, () => el("td")));
+}
+
+function updateShelfModel(row, m) {
+  const holders = m.holders.length ? m.holders.length : m.loading.length ? "loading" : "cold";
+  setAttr(row, "data-model", m.model);
+  cells(row, [m.model, holders, m.backlog, m.oldest_wait_s.toFixed(2), m.loads, m.evictions, seconds(m.load_s),
+    m.bytes ? `${(m.bytes / 2 ** 20).toFixed(1)} MiB` : "-", m.waited, m.error ?? ""]);
+  row.title = m.holders.join(", ");
+  toggle(row, "bad", Boolean(m.error));
+}
+
+function shelfSection(shelf) {
+  return el("section", { class: "prefix shelf", "data-testid": "shelf-section", "data-shelf": shelf.shelf },
+    el("h2", {}, el("span", { class: "name" }, `shelf ${shelf.shelf}`)),
+    el("h3", {}, "shelf workers"),
+    tableBlock("shelf-workers", ["host", "pid", "slots used", "holds", "busy", "loads", "evictions"], "no live shelf worker"),
+    el("h3", {}, "models"),
+    tableBlock("shelf-models", ["model", "holders", "backlog", "oldest wait (s)", "loads", "evictions", "load time",
+      "resident", "waited for a load", "failure"], "none"));
+}
+
+function updateShelfSection(section, shelf) {
+  syncTable(section.querySelector('[data-testid="shelf-workers"]'), shelf.workers, w => w.name, shelfWorkerRow,
+    updateShelfWorker);
+  syncTable(section.querySelector('[data-testid="shelf-models"]'), shelf.models, m => m.model, shelfModelRow,
+    updateShelfModel);
+}
+
 function updateShelf(shelf) {
   const section = document.getElementById("shelf");
-  section.hidden = shelf === null || shelf === undefined;
+  section.hidden = shelf === null || shelf === undefined || shelf.length === 0;
+  syncChildren(section, shelf || [], s => s.shelf, shelfSection, updateShelfSection);
 }
 
 // --- actions: confirm first, then say what was done -----------------------------------------------
