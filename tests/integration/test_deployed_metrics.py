@@ -210,7 +210,8 @@ def test_the_shipped_deployment_feeds_every_panel_and_alert(redis_url, redis_cli
             streamer.submit([1, 2, 3], timeout=60)
             fired = wait_until(lambda: query(prom_url, exprs["RStreamerNoLiveWorker"]), 30, 0.5,
                                "the no-live-worker condition")
-        assert {series["metric"]["prefix"] for series in fired} == {prefix}
+        # The session's Redis may hold other tests' prefixes with work left and no worker: they fire too.
+        assert prefix in {series["metric"]["prefix"] for series in fired}, fired
         # Source gone, 2: the exporter stops: its target is down and no queue metrics remain.
         running.kill("exporter")
         wait_until(lambda: query(prom_url, exprs["RStreamerQueueMetricsMissing"]), 30, 0.5,
