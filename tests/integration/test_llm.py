@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 
 from rstreamer import InvalidInput, RedisStreamer, Restarted
-from rstreamer.broker.connection import create_redis
-from rstreamer.wire.keys import Keys
-from rstreamer.wire.published import read_workers
 from support.procs import WorkerProcesses, live_pids, wait_until
+from support.streams import reclaimed, streams_mid_answer
 from workers.llm import ChatModel, join_answer
 
 CHAT = "workers.llm:ChatModel"
@@ -192,30 +189,9 @@ def test_sigkill_mid_answer_resumes_with_the_text_of_a_quiet_run(
              ("Describe the sea.", "Describe a forest.", "Describe a city at night.")]
     quiet = [join_answer(alone(chat, item))["text"] for item in items]
     victim = start_worker(workers, redis_url, prefix)
-    results: dict[int, list[Any]] = {}
-    errors: list[BaseException] = []
-    started = threading.Barrier(len(items) + 1)
-
-    def call(n: int) -> None:
-        chunks: list[Any] = []
-        try:
-            stream = streamer.stream(items[n], timeout=300)
-            chunks.append(next(stream))
-            started.wait(120)
-            chunks.extend(stream)
-        except BaseException as exc:
-            errors.append(exc)
-            started.abort()
-        results[n] = chunks
-
-    threads = [threading.Thread(target=call, args=(n,)) for n in range(len(items))]
-    for thread in threads:
-        thread.start()
-    started.wait(240)  # every stream has its first chunk: all mid-answer on the victim
-    os.kill(victim.pid, signal.SIGKILL)
-    start_worker(workers, redis_url, prefix)
-    for thread in threads:
-        thread.join(300)
+    with streams_mid_answer(lambda item: streamer.stream(item, timeout=300), items, 240, 300) as (results, errors):
+        os.kill(victim.pid, signal.SIGKILL)
+        start_worker(workers, redis_url, prefix)
     assert not errors
     for n, chunks in results.items():
         # Each chunk once, in order: the text of a quiet run. A resumed run whose chunks differed
@@ -227,10 +203,3 @@ def test_sigkill_mid_answer_resumes_with_the_text_of_a_quiet_run(
     wait_until(lambda: reclaimed(redis_url, prefix) >= 1, 10, what="the heartbeat to count the reclaimed items")
 
 
-def reclaimed(url: str, prefix: str) -> int:
-    client = create_redis(url)
-    try:
-        _, infos = read_workers(client, Keys(prefix))
-    finally:
-        client.close()
-    return sum(int(info.get("reclaimed", 0)) for info in infos.values())
