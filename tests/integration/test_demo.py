@@ -18,6 +18,7 @@ from rstreamer.broker.embedded import EmbeddedRedis
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import fleet_totals
 from support import procs
+from support.keyleaks import assert_left_clean
 from support.polling import wait_until
 from support.procs import processes_with
 
@@ -52,13 +53,7 @@ def test_demo_runs_checks_explains_its_batches_plots_and_cleans_up(tmp_path):
         assert rows[0][3] <= 1.5 and rows[2][3] >= 4, result.stdout
         assert "Why the batches are this size" in result.stdout and "N clients keep at most N items" in result.stdout
         assert (tmp_path / "rstreamer-demo.png").stat().st_size > 10_000
-        client = redis.Redis.from_url(server.url)
-        try:
-            # Workers and web processes each held connections: only ours may be left.
-            assert len(client.client_list()) == 1, client.client_list()
-            assert not list(client.scan_iter(match="rstreamer:*")), "the demo's keys must be removed"
-        finally:
-            client.close()
+        assert_left_clean(server.url)
 
 
 def demo_prefix(client: redis.Redis) -> str | None:

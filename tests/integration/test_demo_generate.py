@@ -17,10 +17,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-import redis
 
 from rstreamer.broker.embedded import EmbeddedRedis
 from support import procs
+from support.keyleaks import assert_left_clean
 from support.polling import wait_until
 from support.procs import processes_with
 
@@ -85,12 +85,7 @@ def test_the_chat_model_answers_the_demo_explains_what_it_shows_and_cleans_up(tm
         # The questions were asked together: some steps advanced several answers at once.
         assert re.search(r"\b[23] in [1-9]", shares.group(1)) and float(shares.group(2)) > 1, shares.group(0)
         assert "finish_reason stop: the model ended its answer; length: it reached max_tokens (24 here" in text
-        client = redis.Redis.from_url(server.url)
-        try:
-            assert len(client.client_list()) == 1, client.client_list()
-            assert not list(client.scan_iter(match="rstreamer:*")), "the demo's keys must be removed"
-        finally:
-            client.close()
+        assert_left_clean(server.url)
         assert_nothing_left(marker)
 
 
@@ -168,9 +163,4 @@ def test_the_toy_decoder_streams_checks_and_cleans_up(tmp_path: Path) -> None:
         assert note < result.stdout.index("POST /generate") and "gibberish by design" in result.stdout
         assert "64 chunks as Server-Sent Events" in result.stdout
         assert "joined: yes; every stream complete: yes" in result.stdout
-        client = redis.Redis.from_url(server.url)
-        try:
-            assert len(client.client_list()) == 1, client.client_list()
-            assert not list(client.scan_iter(match="rstreamer:*")), "the demo's keys must be removed"
-        finally:
-            client.close()
+        assert_left_clean(server.url)

@@ -20,7 +20,7 @@ from rstreamer import ConfigError, RedisStreamer
 from rstreamer.broker.embedded import EmbeddedRedis, free_port
 from rstreamer.version import VERSION
 from support import procs
-from support.procs import wait_for_workers, wait_until
+from support.procs import processes_with, wait_for_workers, wait_until
 
 BIN = Path(sys.executable).parent
 FAST = {"RSTREAMER_HEARTBEAT_INTERVAL": "0.2", "RSTREAMER_DEAD_AFTER": "1.0", "RSTREAMER_LOG_INTERVAL": "0"}
@@ -196,20 +196,6 @@ def _describe(pids: list[int]) -> list[str]:
     return described
 
 
-def _processes_with(marker: str) -> list[int]:
-    """Pids of the live processes whose environment holds ``marker`` (what a command started)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.timeout(120)
 def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis_url, tmp_path):
     marker = f"RSTREAMER_TEST_MARK=demo-{free_port()}"
@@ -240,14 +226,14 @@ def test_a_second_ctrl_c_stops_the_demo_at_once_and_leaves_nothing_running(redis
         assert "second Ctrl-C: killing everything now" in err.read_text()
         # SIGKILLed children vanish when the kernel reaps them: seconds on a loaded machine
         try:
-            wait_until(lambda: not _processes_with(marker), timeout=20, what="every process of the demo gone")
+            wait_until(lambda: not processes_with(marker), timeout=20, what="every process of the demo gone")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; left: {_describe(_processes_with(marker))}") from None
+            raise AssertionError(f"{exc}; left: {_describe(processes_with(marker))}") from None
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
         demo.wait(timeout=10)
-        for pid in _processes_with(marker):
+        for pid in processes_with(marker):
             os.kill(pid, signal.SIGKILL)
 
 

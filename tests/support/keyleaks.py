@@ -30,3 +30,14 @@ def leaked_keys(url: str, prefix: str, allowed: Collection[str] = ()) -> list[st
         return sorted(leaked)
     finally:
         client.close()
+
+
+def assert_left_clean(url: str) -> None:
+    """What a demo must leave in the Redis it was pointed at: no rstreamer key, and no connection
+    but the one this check opens (its workers and web processes each held some)."""
+    client = redis.Redis.from_url(url)
+    try:
+        assert len(client.client_list()) == 1, client.client_list()
+        assert not list(client.scan_iter(match="rstreamer:*")), "the demo's keys must be removed"
+    finally:
+        client.close()
