@@ -65,44 +65,54 @@ def pipeline(*queued: methodcaller, transaction: bool = False) -> Command:
     return Command(send)
 
 
+class _Turns:
+    """The sans-I/O half of a driver: hands the flow its last reply (or error) and takes its next step."""
+
+    def __init__(self, flow: Flow[Any]) -> None:
+        self.flow = flow
+        self.reply: Any = None
+        self.error: BaseException | None = None
+        self.result: Any = None
+
+    def next(self) -> Step | None:
+        """The flow's next step; None once it has returned (its value is then :attr:`result`)."""
+        try:
+            step = self.flow.send(self.reply) if self.error is None else self.flow.throw(self.error)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+        self.reply, self.error = None, None
+        return step
+
+
 def run(flow: Flow[T], client: Any, errors: Errors) -> T:
     """Drive ``flow`` with a sync redis-py client; returns what the flow returns."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = flow.send(reply) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        reply, error = None, None
+    turns = _Turns(flow)
+    while (step := turns.next()) is not None:
         try:
             if isinstance(step, Pause):
                 time.sleep(step.seconds)
             else:
                 with errors():
-                    reply = step.send(client)
+                    turns.reply = step.send(client)
         except BaseException as exc:  # noqa: BLE001 - raised in the flow, which decides
-            error = exc
+            turns.error = exc
+    return cast(T, turns.result)
 
 
 async def arun(flow: Flow[T], client: Any, errors: Errors) -> T:
     """Drive ``flow`` with an asyncio redis-py client; returns what the flow returns."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = flow.send(reply) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        reply, error = None, None
+    turns = _Turns(flow)
+    while (step := turns.next()) is not None:
         try:
             if isinstance(step, Pause):
                 await asyncio.sleep(step.seconds)
             else:
                 with errors():
-                    reply = await _awaited(step, step.send(client))
+                    turns.reply = await _awaited(step, step.send(client))
         except BaseException as exc:  # noqa: BLE001 - raised in the flow (a cancellation too), which decides
-            error = exc
+            turns.error = exc
+    return cast(T, turns.result)
 
 
 async def _awaited(step: Command, sent: Any) -> Any:
