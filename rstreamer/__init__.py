@@ -28,7 +28,8 @@ from .errors import (
     StreamerTimeout,
     WorkerStartupError,
 )
-from .jobs.sync import Job, JobItem, JobState, Progress
+from .jobs.core import JobItem, JobState, Progress
+from .jobs.sync import Job
 from .jobs.webhook_http import verify_webhook_signature
 from .local import Streamer, ThreadedStreamer
 from .model.generative import GenerativeModel, Step

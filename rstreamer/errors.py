@@ -156,7 +156,7 @@ class InvalidInput(RemoteError, ValueError):
 
 
 class JobError(RStreamerError):
-    """Base class of the errors of durable jobs (:mod:`rstreamer.jobs.sync`)."""
+    """Base class of the errors of durable jobs (:mod:`rstreamer.jobs`)."""
 
     http_status = 400
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstreamer.errors import RemoteError
-from rstreamer.jobs.sync import JobInfo, JobItem, check_webhook
+from rstreamer.jobs.core import JobInfo, JobItem, check_webhook
 from rstreamer.settings import MAX_JOB_TTL
 
 from .protocol import JSON, RequestHeaders, bad_request, dumps, request_tenant

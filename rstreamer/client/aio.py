@@ -20,7 +20,7 @@ import redis
 
 from ..batching.priority import Levels
 from ..batching.quotas import Quotas
-from ..broker.connection import blpop_block, create_async_redis, retry_pause
+from ..broker.connection import create_async_redis
 from ..errors import BrokerUnavailable, DecodeError
 from ..jobs.aio import AsyncJob, AsyncJobClient
 from ..settings import ClientSettings
@@ -79,7 +79,7 @@ class AsyncRedisStreamer:
             enqueue = asyncio.ensure_future(self._enqueue(future))
             enqueue.add_done_callback(_retrieve)
             try:
-                done, _ = await asyncio.wait({enqueue}, timeout=max(0.0, call.expires_at - time.monotonic()))
+                done, _ = await asyncio.wait({enqueue}, timeout=call.remaining())
             except asyncio.CancelledError:
                 future.cancel()  # withdrawn once enqueued (see _enqueue)
                 raise
@@ -116,7 +116,7 @@ class AsyncRedisStreamer:
         if not entries:
             return
         call = future.call
-        ttl = max(0.0, call.expires_at - time.monotonic())
+        ttl = call.remaining()
         try:
             with call_errors(self.url):
                 reply = await self._cancel_script(**cancel_args(self.keys, call.token, call.priority, entries, ttl,
@@ -128,13 +128,13 @@ class AsyncRedisStreamer:
     async def _pop_replies(self, future: AsyncFuture) -> None:
         """Pop the call's reply key until it is answered or past its deadline."""
         failures, call = 0, future.call
-        while not future.settled() and (block := blpop_block(call.expires_at)) is not None:
+        while not future.settled() and (block := call.deadline.blpop_block()) is not None:
             try:
                 with call_errors(self.url):
                     popped = await self.redis.blpop([call.reply_key], timeout=block)
             except BrokerUnavailable as exc:  # retried within the deadline, then the call fails
                 failures += 1
-                pause = retry_pause(failures, call.expires_at)
+                pause = call.deadline.retry_pause(failures)
                 if pause is None:
                     future.fail(exc)
                     break
@@ -229,7 +229,7 @@ class AsyncFuture(BaseFuture):
     """Outputs of one ``submit``: ``await future`` or ``await future.result(timeout)``."""
 
     def __init__(self, call: Call) -> None:
-        super().__init__(len(call.payloads), call.timeout)
+        super().__init__(len(call.payloads), call.timeout, call.deadline)
         self.call = call
         self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
         self._settled_event = asyncio.Event()

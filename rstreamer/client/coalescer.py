@@ -97,7 +97,7 @@ class Ticket:
 
     def wait_settled(self) -> None:
         """Park until the ENQUEUE has decided, or the call's deadline."""
-        self._settled.acquire(timeout=max(0.0, self.expires_at - time.monotonic()))
+        self._settled.acquire(timeout=self.future.call.remaining())
 
 
 class ReplyGroup:
@@ -224,7 +224,7 @@ class Coalescer:
             if not entries:
                 continue
             group_whole = whole or (ticket.group is not None and ticket.group.abandoned())
-            ttl = max(0.0, ticket.expires_at - time.monotonic())
+            ttl = ticket.future.call.remaining()
             try:
                 with call_errors(self._url):
                     reply = self._cancel(**cancel_args(self._calls.keys, ticket.token, ticket.future.call.priority,

@@ -1,5 +1,9 @@
 """What the sync and async streamers share: calls (reply token, encoded items, deadline), the
-arguments of the ENQUEUE scripts, and how Redis's failures reach a caller."""
+arguments of the ENQUEUE scripts, and how Redis's failures reach a caller.
+
+A call's deadline is fixed once, in :meth:`CallFactory.new_call`, and owned by its
+:class:`Call`: its future, its enqueue, its waits, its withdrawal and its stream all read it from
+there (:meth:`Call.remaining`, :meth:`Call.expired`, ``call.deadline``), never reckon their own."""
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +21,7 @@ import redis
 from ..batching.priority import check_priority
 from ..batching.quotas import check_tenant
 from ..broker.connection import BLPOP_SLICE, broker_errors, normalize_broker_url
+from ..broker.deadline import Deadline
 from ..codec import core as codec
 from ..errors import CallTooLarge, EncodeError, InvalidPriority, Overloaded, RateLimited
 from ..ops.tracing import current_traceparent
@@ -43,19 +48,31 @@ CLIENT_RETRIES = 0
 class Call:
     """One submit, ready to enqueue: its reply key, encoded items and deadline.
 
-    ``deadline`` is on the epoch clock (it travels in the entries), ``expires_at`` on this
-    process's monotonic clock (callers wait until it).
+    ``deadline`` owns the call's end: on the epoch clock (``deadline.at`` travels in the
+    entries) and on this process's monotonic clock (``expires_at``: what callers wait until).
     """
 
     token: str
     reply_key: str
     payloads: list[bytes]
     timeout: float
-    deadline: float
-    expires_at: float = field(default=0.0, compare=False)
+    deadline: Deadline = field(compare=False)
     traceparent: bytes | None = field(default=None, compare=False)  # the caller's span, sent as b"tp"
     priority: int = 0  # the level (stream) its items go to; 0 is the most urgent
     tenant: str | None = None  # whose quota it takes (rstreamer.batching.quotas); None: no quota
+
+    @property
+    def expires_at(self) -> float:
+        """The call's deadline on this process's monotonic clock."""
+        return self.deadline.expires_at
+
+    def remaining(self) -> float:
+        """Seconds left before the call's deadline (0 once it has passed): what bounds any wait of the call."""
+        return self.deadline.remaining()
+
+    def expired(self) -> bool:
+        """True once the call's deadline has passed."""
+        return self.deadline.expired()
 
 
 class CallFactory:
@@ -107,8 +124,8 @@ class CallFactory:
             if len(payload) > limit:
                 raise EncodeError(f"item {index} is {len(payload)} bytes encoded, over the limit of {limit}")
         token = self._next_token()
-        return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
-                    time.monotonic() + timeout, current_traceparent(), priority, tenant)
+        return Call(token, self.keys.reply(token), payloads, timeout, Deadline.after(timeout), current_traceparent(),
+                    priority, tenant)
 
     # The arguments of the ENQUEUE_CALLS script are built by messages.enqueue_args (the wire
     # format) from what these two methods give it, and nowhere else.
@@ -125,7 +142,7 @@ class CallFactory:
     def enqueue_calls_args(self, calls: Sequence[Call]) -> ScriptArgs:
         """Arguments of the ENQUEUE_CALLS script for ``calls``, sent under the first one's token."""
         # Each call keeps its own deadline, so an item never runs after its caller gave up.
-        shapes = [(call.payloads, call.deadline, call.priority, call.tenant) for call in calls]
+        shapes = [(call.payloads, call.deadline.at, call.priority, call.tenant) for call in calls]
         traceparents = [call.traceparent or b"" for call in calls]
         return {"keys": enqueue_keys(self.keys, (call.priority for call in calls), call_tenants(shapes)),
                 "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents)}

@@ -7,19 +7,23 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..batching.batcher import Failure, Outcome
+from ..broker.deadline import Deadline
 from ..errors import Cancelled, StreamerTimeout, remote_error_from
 from ..ops.hooks import caller_woken
 from .core import Call
 
 
 class BaseFuture:
-    """Answers of one ``submit(batch)`` call; how to wait for them is up to the subclass."""
+    """Answers of one ``submit(batch)`` call; how to wait for them is up to the subclass.
 
-    def __init__(self, size: int, timeout: float) -> None:
+    ``deadline``: the call's, when the call has one already (a :class:`~rstreamer.client.core.Call`'s);
+    by default ``timeout`` seconds from now.
+    """
+
+    def __init__(self, size: int, timeout: float, deadline: Deadline | None = None) -> None:
         self.size = size
         self.timeout = timeout
-        self.deadline = time.time() + timeout
-        self._deadline_mono = time.monotonic() + timeout
+        self._deadline = deadline or Deadline.after(timeout)
         self._outcomes: dict[int, Outcome[Any]] = {}
         self._error: BaseException | None = None
         self._cancelled = False
@@ -31,9 +35,14 @@ class BaseFuture:
         self.answered_at: float | None = None
 
     @property
+    def deadline(self) -> float:
+        """The call's deadline on the epoch clock (what travels with its items)."""
+        return self._deadline.at
+
+    @property
     def expires_at(self) -> float:
         """The call's deadline on this process's monotonic clock."""
-        return self._deadline_mono
+        return self._deadline.expires_at
 
     def deliver(self, index: int, outcome: Outcome[Any]) -> None:
         """Record the answer of item ``index``; the first answer per index wins."""
@@ -99,12 +108,10 @@ class BaseFuture:
 
     def _until(self, timeout: float | None) -> float:
         """The monotonic time a wait of ``timeout`` seconds ends: never after the call's deadline."""
-        if timeout is None:
-            return self._deadline_mono
-        return min(self._deadline_mono, time.monotonic() + timeout)
+        return self._deadline.wait_until(timeout)
 
     def _past_deadline(self) -> bool:
-        return time.monotonic() >= self._deadline_mono
+        return self._deadline.expired()
 
     def _timeout_error(self) -> StreamerTimeout:
         missing = self.size - len(self._outcomes)
@@ -165,5 +172,5 @@ class RedisFuture(Future):
     """A Future answered by the streamer's I/O threads (see :mod:`rstreamer.client.coalescer`)."""
 
     def __init__(self, call: Call) -> None:
-        super().__init__(len(call.payloads), call.timeout)
+        super().__init__(len(call.payloads), call.timeout, call.deadline)
         self.call = call

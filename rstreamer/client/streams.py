@@ -8,20 +8,27 @@ level's stream), then pops the call's reply list: each message brings the next c
 the caller's loop) marks the call cancelled, so the worker drops the sequence before its next
 step, withdraws the item from its level's stream if no worker has read it yet (the CANCEL
 script of :mod:`rstreamer.wire.cancel`), and deletes what was pushed.
+
+:class:`_StreamState` is the sans-I/O core of both streams: the call, the reader and its buffer,
+and, as flows (:mod:`rstreamer.broker.flow`), popping until the next chunk and closing. The
+two streams are thin shells that run those flows; only their enqueue is their own, as it differs
+on purpose: the sync stream enqueues at once, the async one at its first ``__anext__``, where a
+task cancelled while the script runs must still cancel the call.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
-import time
+from operator import methodcaller
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ..broker.connection import RedisClient, blpop_block, retry_pause
-from ..errors import BrokerUnavailable, RStreamerError, StreamerTimeout
+from ..broker.connection import RedisClient
+from ..broker.flow import Command, Flow, Pause, arun, pipeline, run
+from ..errors import BrokerUnavailable, Overloaded, RStreamerError, StreamerTimeout
 from ..wire.cancel import cancel_args
 from ..wire.chunks import CANCELLED, STREAMED, ChunkReader
 from ..wire.messages import REPLY_GRACE
@@ -52,6 +59,10 @@ class _StreamState:
         self.failures = 0
         self.entry_id: bytes | None = None  # the item's entry in its level's stream, once enqueued
 
+    def errors(self) -> contextlib.AbstractContextManager[None]:
+        """Around each command of the stream's flows: how Redis's failures reach the caller."""
+        return call_errors(self.calls.url)
+
     @property
     def control_ttl_ms(self) -> int:
         return int((self.call.timeout + REPLY_GRACE) * 1000)
@@ -64,14 +75,43 @@ class _StreamState:
         admission = self.calls.check_enqueued(reply, self.call)
         self.entry_id = admission.ids[0] if admission.ids else None
 
-    def queue_close(self, pipe: Any) -> None:
-        """Queue on ``pipe`` (sync or async) what leaving the stream writes: the call marked
-        cancelled unless its answer ended (then its control key goes), and its reply list deleted."""
-        if not self.reader.done:
-            pipe.set(self.control_key, CANCELLED, px=self.control_ttl_ms)
-        else:
-            pipe.delete(self.control_key)
-        pipe.delete(self.call.reply_key)
+    def next_chunk(self) -> Flow[Any]:
+        """The next chunk, popping the reply list until one comes; raises _End at the end of the
+        answer, the answer's error where it comes, StreamerTimeout at the call's deadline."""
+        while True:
+            ready, chunk = self.next_ready()
+            if ready:
+                return chunk
+            block = self.call.deadline.blpop_block()
+            if block is None:
+                raise self.timed_out()
+            try:
+                # Every message waiting in one pop: a slow reader catches up in one round trip.
+                # The async driver bounds the wait (a stalled server); the socket timeout, the sync one.
+                popped = yield Command(methodcaller("blmpop", block, 1, self.call.reply_key, direction="LEFT",
+                                                    count=POP_COUNT), bound=block + 2.0)
+            except BrokerUnavailable as exc:
+                yield Pause(self.broker_failed(exc))
+                continue
+            self.failures = 0
+            if popped:
+                self.take(popped)
+
+    def close(self) -> Flow[None]:
+        """Leave the stream, once: the call marked cancelled unless its answer ended (then its
+        control key goes), its reply list deleted, its item withdrawn if no worker read it yet."""
+        if self.closed or not self.started:
+            return
+        self.closed = True
+        mark = (methodcaller("set", self.control_key, CANCELLED, px=self.control_ttl_ms) if not self.reader.done
+                else methodcaller("delete", self.control_key))
+        try:
+            yield pipeline(mark, methodcaller("delete", self.call.reply_key))
+            withdraw = self.withdraw_args()
+            if withdraw is not None:
+                yield Command(lambda r: scripts(r).cancel(**withdraw))
+        except (redis.RedisError, BrokerUnavailable, Overloaded):
+            pass  # best effort: the control key's TTL ends the generation, the reply list's TTL the rest
 
     def withdraw_args(self) -> ScriptArgs | None:
         """Arguments of the CANCEL script that withdraws the item from its level's stream (an
@@ -79,7 +119,7 @@ class _StreamState:
         withdraw (the answer ended, or it was never enqueued)."""
         if self.reader.done or self.entry_id is None:
             return None
-        ttl = max(0.0, self.call.expires_at - time.monotonic())
+        ttl = self.call.remaining()
         return cancel_args(self.calls.keys, self.call.token, self.call.priority, [(self.entry_id, 0)], ttl,
                            whole=True)
 
@@ -110,7 +150,7 @@ class _StreamState:
     def broker_failed(self, exc: BrokerUnavailable) -> float:
         """Seconds to wait before popping again; raises when the retries are spent."""
         self.failures += 1
-        pause = retry_pause(self.failures, self.call.expires_at)
+        pause = self.call.deadline.retry_pause(self.failures)
         if pause is None:
             raise exc
         return pause
@@ -154,13 +194,8 @@ class ChunkStream:
         return self
 
     def __next__(self) -> Any:
-        state = self._state
         try:
-            while True:
-                ready, chunk = state.next_ready()
-                if ready:
-                    return chunk
-                self._pop()
+            return run(self._state.next_chunk(), self._redis, self._state.errors)
         except _End:
             self.close()
             raise StopIteration from None
@@ -168,35 +203,9 @@ class ChunkStream:
             self.close()
             raise
 
-    def _pop(self) -> None:
-        state = self._state
-        block = blpop_block(state.call.expires_at)
-        if block is None:
-            raise state.timed_out()
-        try:
-            with call_errors(self._redis_url):
-                # Every message waiting in one pop: a slow reader catches up in one round trip.
-                popped = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
-        except BrokerUnavailable as exc:
-            time.sleep(state.broker_failed(exc))
-            return
-        state.failures = 0
-        if popped:
-            state.take(popped)
-
     def close(self) -> None:
         """Stop: cancel the generation unless it ended, and drop its reply list."""
-        state = self._state
-        if state.closed or not state.started:
-            return
-        state.closed = True
-        with contextlib.suppress(redis.RedisError, BrokerUnavailable):
-            pipe = self._redis.pipeline(transaction=False)
-            state.queue_close(pipe)
-            pipe.execute()
-            withdraw = state.withdraw_args()
-            if withdraw is not None:
-                scripts(self._redis).cancel(**withdraw)
+        run(self._state.close(), self._redis, self._state.errors)
 
     def __enter__(self) -> ChunkStream:
         return self
@@ -247,11 +256,7 @@ class AsyncChunkStream:
         try:
             if not state.started:
                 await self._enqueue()
-            while True:
-                ready, chunk = state.next_ready()
-                if ready:
-                    return chunk
-                await self._pop()
+            return await arun(state.next_chunk(), self._redis, state.errors)
         except _End:
             await self.aclose()
             raise StopAsyncIteration from None
@@ -259,37 +264,9 @@ class AsyncChunkStream:
             await asyncio.shield(self.aclose())
             raise
 
-    async def _pop(self) -> None:
-        state = self._state
-        block = blpop_block(state.call.expires_at)
-        if block is None:
-            raise state.timed_out()
-        try:
-            with call_errors(state.calls.url):
-                # The socket timeout bounds a stalled server; wait_for bounds this caller.
-                pop = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
-                popped = await asyncio.wait_for(pop, block + 2.0)
-        except (BrokerUnavailable, asyncio.TimeoutError) as exc:
-            error = exc if isinstance(exc, BrokerUnavailable) else BrokerUnavailable(f"Redis did not answer: {exc}")
-            await asyncio.sleep(state.broker_failed(error))
-            return
-        state.failures = 0
-        if popped:
-            state.take(popped)
-
     async def aclose(self) -> None:
         """Stop: cancel the generation unless it ended, and drop its reply list."""
-        state = self._state
-        if state.closed or not state.started:
-            return
-        state.closed = True
-        with contextlib.suppress(redis.RedisError, BrokerUnavailable):
-            pipe = self._redis.pipeline(transaction=False)
-            state.queue_close(pipe)
-            await pipe.execute()
-            withdraw = state.withdraw_args()
-            if withdraw is not None:
-                await scripts(self._redis).cancel(**withdraw)
+        await arun(self._state.close(), self._redis, self._state.errors)
 
     async def __aenter__(self) -> AsyncChunkStream:
         if not self._state.started:

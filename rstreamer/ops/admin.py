@@ -20,7 +20,8 @@ import redis
 
 from ..broker.connection import create_redis, normalize_broker_url, redacted
 from ..errors import BrokerUnavailable, ConfigError, InvalidJobId, JobError, JobNotFound, PrefixInUse
-from ..jobs.sync import JobClient, JobInfo
+from ..jobs.core import JobInfo
+from ..jobs.sync import JobClient
 from ..settings import DEFAULT_REDIS_URL, WorkerSettings
 from ..wire.keys import DEFAULT_PREFIX, Keys, is_job_id
 from .deadletters import (

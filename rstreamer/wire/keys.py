@@ -49,7 +49,7 @@ def is_reply_token(token: str) -> bool:
 
 
 def is_job_id(job_id: str) -> bool:
-    """True if ``job_id`` has the shape :func:`rstreamer.jobs.sync` gives a job id (32 hex digits)."""
+    """True if ``job_id`` has the shape :func:`rstreamer.jobs.core.new_job_id` gives a job id (32 hex digits)."""
     return isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) is not None
 
 

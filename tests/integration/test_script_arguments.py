@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from rstreamer.batching.priority import Levels
-from rstreamer.jobs.sync import prepare
+from rstreamer.jobs.core import prepare
 from rstreamer.settings import JobSettings
 from rstreamer.wire.cancel import cancel_args
 from rstreamer.wire.groups import ensure_groups

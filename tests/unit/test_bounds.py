@@ -9,8 +9,8 @@ import re
 import pytest
 
 from rstreamer.errors import ConfigError
+from rstreamer.jobs.core import JobInfo, JobState, Progress, parse_info, ttl_ms
 from rstreamer.jobs.sink import Place, place_of
-from rstreamer.jobs.sync import JobInfo, JobState, Progress, parse_info, ttl_ms
 from rstreamer.settings import MAX_JOB_TTL, MAX_TIMEOUT, ClientSettings, JobSettings, check_timeout
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.messages import MAX_DURATION_MS, MAX_WIRE_MS, MalformedEntry, parse_request, reply_ttl_ms

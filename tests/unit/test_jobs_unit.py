@@ -14,7 +14,7 @@ from rstreamer.errors import (
     JobTooLarge,
     RemoteError,
 )
-from rstreamer.jobs.sync import (
+from rstreamer.jobs.core import (
     JobState,
     Progress,
     check_job_id,

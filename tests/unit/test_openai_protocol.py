@@ -21,7 +21,7 @@ from rstreamer.errors import (
     RemoteError,
     StreamerTimeout,
 )
-from rstreamer.jobs.sync import JobItem
+from rstreamer.jobs.core import JobItem
 from webapp.openai import auth, batches, requests, responses
 from webapp.openai.config import OpenAIConfig
 from webapp.openai.errors import OpenAIError, as_openai, error_event, error_reply

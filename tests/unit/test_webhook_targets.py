@@ -7,7 +7,7 @@ import pytest
 
 from rstreamer import cli, verify_webhook_signature
 from rstreamer.errors import ConfigError
-from rstreamer.jobs.sync import check_webhook
+from rstreamer.jobs.core import check_webhook
 from rstreamer.jobs.webhook_http import sign
 from rstreamer.jobs.webhook_targets import TargetPolicy, TargetRefused, check_url, default_refusal, origin
 from rstreamer.settings import WebhookSettings, WorkerSettings

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rstreamer.errors import RStreamerError
-from rstreamer.jobs.sync import JobItem
+from rstreamer.jobs.core import JobItem
 
 from . import requests, responses
 from .errors import OpenAIError, as_openai, bad_request

@@ -11,7 +11,8 @@ from typing import Any
 
 from rstreamer.broker.connection import RedisClient, broker_errors
 from rstreamer.errors import JobNotFound
-from rstreamer.jobs.sync import PAGE, JobClient, JobInfo, JobItem, JobState
+from rstreamer.jobs.core import PAGE, JobInfo, JobItem, JobState
+from rstreamer.jobs.sync import JobClient
 from rstreamer.wire.keys import Keys, is_batch_id, is_file_id
 
 from . import batches

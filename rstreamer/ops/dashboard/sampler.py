@@ -19,7 +19,8 @@ from typing import Any
 import redis
 
 from ...broker.connection import RedisClient
-from ...jobs.sync import JobClient, JobState
+from ...jobs.core import JobState
+from ...jobs.sync import JobClient
 from ...wire.keys import Keys
 from ...wire.published import live_workers
 from .. import status

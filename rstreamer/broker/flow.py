@@ -1,0 +1,129 @@
+"""Sans-I/O flows: an exchange with Redis written once, run by a sync or an asyncio driver.
+
+A flow is a generator. It yields what it needs done (a :class:`Command` for Redis, a
+:class:`Pause`), gets the reply back where it yielded (or the error, raised there), and returns
+its result. Which command comes next, how replies are parsed, retries and deadlines: all of that
+is the flow's, written once. :func:`run` and :func:`arun` only do the I/O, so the sync and the
+asyncio clients are thin shells over the same flows (httpx drives its auth flows this way).
+
+A command is a function of the client: with a sync client it returns the reply, with an asyncio
+one an awaitable of it. redis-py's two clients share their method names, so
+``command("hgetall", key)`` serves both.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from operator import methodcaller
+from typing import Any, TypeVar, cast
+
+from ..errors import BrokerUnavailable
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One exchange with Redis: ``send(client)`` sends it (the reply, or an awaitable of it)."""
+
+    send: Callable[[Any], Any]
+    bound: float | None = None  # asyncio: stop waiting after this many seconds (BrokerUnavailable)
+    shield: bool = False  # asyncio: finish it even when the waiting task is cancelled meanwhile
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Wait this many seconds (a retry's back-off)."""
+
+    seconds: float
+
+
+Step = Command | Pause
+Flow = Generator[Step, Any, T]
+"""A flow that returns a ``T``."""
+Errors = Callable[[], AbstractContextManager[None]]
+"""How a client's failures are translated (``broker_errors``, ``call_errors``), around each command."""
+
+
+def command(name: str, *args: Any, **kwargs: Any) -> Command:
+    """The redis-py client method ``name`` called with these arguments."""
+    return Command(methodcaller(name, *args, **kwargs))
+
+
+def pipeline(*queued: methodcaller, transaction: bool = False) -> Command:
+    """The commands ``queued`` (``methodcaller("hgetall", key)``, ...) in one pipeline; the reply
+    is the list of their replies."""
+    def send(client: Any) -> Any:
+        pipe = client.pipeline(transaction=transaction)
+        for add in queued:
+            add(pipe)
+        return pipe.execute()
+    return Command(send)
+
+
+class _Turns:
+    """The sans-I/O half of a driver: hands the flow its last reply (or error) and takes its next step."""
+
+    def __init__(self, flow: Flow[Any]) -> None:
+        self.flow = flow
+        self.reply: Any = None
+        self.error: BaseException | None = None
+        self.result: Any = None
+
+    def next(self) -> Step | None:
+        """The flow's next step; None once it has returned (its value is then :attr:`result`)."""
+        try:
+            step = self.flow.send(self.reply) if self.error is None else self.flow.throw(self.error)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+        self.reply, self.error = None, None
+        return step
+
+
+def run(flow: Flow[T], client: Any, errors: Errors) -> T:
+    """Drive ``flow`` with a sync redis-py client; returns what the flow returns."""
+    turns = _Turns(flow)
+    while (step := turns.next()) is not None:
+        try:
+            if isinstance(step, Pause):
+                time.sleep(step.seconds)
+            else:
+                with errors():
+                    turns.reply = step.send(client)
+        except BaseException as exc:  # noqa: BLE001 - raised in the flow, which decides
+            turns.error = exc
+    return cast(T, turns.result)
+
+
+async def arun(flow: Flow[T], client: Any, errors: Errors) -> T:
+    """Drive ``flow`` with an asyncio redis-py client; returns what the flow returns."""
+    turns = _Turns(flow)
+    while (step := turns.next()) is not None:
+        try:
+            if isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+            else:
+                with errors():
+                    turns.reply = await _awaited(step, step.send(client))
+        except BaseException as exc:  # noqa: BLE001 - raised in the flow (a cancellation too), which decides
+            turns.error = exc
+    return cast(T, turns.result)
+
+
+async def _awaited(step: Command, sent: Any) -> Any:
+    if not inspect.isawaitable(sent):
+        return sent
+    if step.shield:
+        return await asyncio.shield(sent)
+    if step.bound is None:
+        return await sent
+    # The socket timeout bounds a stalled server; this bounds the caller's wait.
+    try:
+        return await asyncio.wait_for(sent, step.bound)
+    except asyncio.TimeoutError as exc:
+        raise BrokerUnavailable(f"Redis did not answer: {exc}")  # noqa: B904 - as a broker error always was
