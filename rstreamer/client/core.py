@@ -3,6 +3,7 @@ arguments of the ENQUEUE scripts, and how Redis's failures reach a caller."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import secrets
@@ -109,6 +110,14 @@ class CallFactory:
         token = self._next_token()
         return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
                     time.monotonic() + timeout, current_traceparent(), priority, tenant)
+
+    def cold(self, call: Call) -> Call:
+        """``call`` let through to a prefix no live worker serves, to wait for one to start: its
+        timeout capped at the settings' ``cold_start_wait``."""
+        timeout = min(call.timeout, self.settings.cold_start_wait)
+        cut = call.timeout - timeout
+        return dataclasses.replace(call, timeout=timeout, deadline=call.deadline - cut,
+                                   expires_at=call.expires_at - cut)
 
     # The arguments of the ENQUEUE_CALLS script are built by messages.enqueue_args (the wire
     # format) from what these two methods give it, and nowhere else.

@@ -167,3 +167,5 @@ class RedisFuture(Future):
     def __init__(self, call: Call) -> None:
         super().__init__(len(call.payloads), call.timeout)
         self.call = call
+        # The call's own deadline: the time its admission took (rstreamer.client.gate) counts.
+        self.deadline, self._deadline_mono = call.deadline, call.expires_at

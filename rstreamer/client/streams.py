@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -128,9 +129,11 @@ class ChunkStream:
     """
 
     def __init__(self, client: RedisClient, calls: CallFactory, item: Any, timeout: float | None,
-                 priority: int = 0, tenant: str | None = None) -> None:
+                 priority: int = 0, tenant: str | None = None, admit: Callable[[Call], Call] | None = None) -> None:
         self._redis = client
         self._state = _StreamState(calls, item, timeout, priority, tenant)
+        if admit is not None:  # the streamer's worker gate (NoLiveWorker, or a cold start's timeout)
+            self._state.call = admit(self._state.call)
         self._enqueue()
 
     def _enqueue(self) -> None:
@@ -220,12 +223,16 @@ class AsyncChunkStream:
     """
 
     def __init__(self, client: AsyncRedis | AsyncRedisCluster, calls: CallFactory, item: Any,
-                 timeout: float | None, priority: int = 0, tenant: str | None = None) -> None:
+                 timeout: float | None, priority: int = 0, tenant: str | None = None,
+                 admit: Callable[[Call], Awaitable[Call]] | None = None) -> None:
         self._redis = client
         self._state = _StreamState(calls, item, timeout, priority, tenant)
+        self._admit = admit
 
     async def _enqueue(self) -> None:
         state = self._state
+        if self._admit is not None:  # the streamer's worker gate (NoLiveWorker, or a cold start's timeout)
+            state.call = await self._admit(state.call)
         with call_errors(state.calls.url):
             await self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
             script = scripts(self._redis).enqueue_calls
