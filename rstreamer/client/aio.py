@@ -99,7 +99,7 @@ class AsyncRedisStreamer:
     async def _admit(self, call: Call) -> Call:
         """``call`` as it may be enqueued, or NoLiveWorker (see :mod:`rstreamer.client.gate`)."""
         cold = await self.gate.aadmit(functools.partial(aread_gate, self.redis, self.keys), call.expires_at)
-        return self.calls.cold(call) if cold else call
+        return self.calls.cold(call, self.gate.cold_start_wait) if cold else call
 
     def _spawn(self, work: Coroutine[Any, Any, None], tasks: set[asyncio.Future[None]] | None = None) -> None:
         """Run ``work`` in a task of its own, kept in ``tasks`` (the poppers, which aclose()

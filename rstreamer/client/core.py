@@ -111,10 +111,11 @@ class CallFactory:
         return Call(token, self.keys.reply(token), payloads, timeout, time.time() + timeout,
                     time.monotonic() + timeout, current_traceparent(), priority, tenant)
 
-    def cold(self, call: Call) -> Call:
+    @staticmethod
+    def cold(call: Call, cold_start_wait: float) -> Call:
         """``call`` let through to a prefix no live worker serves, to wait for one to start: its
-        timeout capped at the settings' ``cold_start_wait``."""
-        timeout = min(call.timeout, self.settings.cold_start_wait)
+        timeout capped at ``cold_start_wait`` (the settings' value, which the gate keeps)."""
+        timeout = min(call.timeout, cold_start_wait)
         cut = call.timeout - timeout
         return dataclasses.replace(call, timeout=timeout, deadline=call.deadline - cut,
                                    expires_at=call.expires_at - cut)

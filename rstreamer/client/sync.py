@@ -87,7 +87,7 @@ class RedisStreamer(BaseStreamer):
     def _admit(self, call: Call) -> Call:
         """``call`` as it may be enqueued, or NoLiveWorker (see :mod:`rstreamer.client.gate`)."""
         cold = self.gate.admit(functools.partial(read_gate, self.redis, self.keys), call.expires_at)
-        return self.calls.cold(call) if cold else call
+        return self.calls.cold(call, self.gate.cold_start_wait) if cold else call
 
     def _submit(self, batch: list[Any], timeout: float | None, priority: int, tenant: str | None,
                 patient: bool) -> RedisFuture:
