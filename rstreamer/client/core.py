@@ -140,12 +140,13 @@ class CallFactory:
         return {"keys": enqueue_keys(self.keys, (call.priority for call in calls), call_tenants(shapes)),
                 "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents)}
 
-    def refusal(self, verdict: Verdict, refused: Call) -> Overloaded | InvalidPriority | RateLimited:
+    def refusal(self, verdict: Verdict, refused: Call) -> Overloaded | InvalidPriority | RateLimited | CallTooLarge:
         """The error of a call the ENQUEUE_CALLS script refused, saying why."""
         return verdict.error(self.keys.prefix, self.limits, refused.priority, refused.tenant)
 
     def check_enqueued(self, reply: Sequence[Any], call: Call) -> Admission:
-        """The admission of ``call`` alone; raises Overloaded, InvalidPriority or RateLimited when refused."""
+        """The admission of ``call`` alone; raises Overloaded, InvalidPriority, RateLimited or
+        CallTooLarge (larger than its tenant's burst) when refused."""
         admission = Admission.parse(reply)
         if not admission.verdicts[0].added:
             raise self.refusal(admission.verdicts[0], call)
