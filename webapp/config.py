@@ -113,5 +113,7 @@ def cold_start_wait(config: WebConfig) -> float:
 
 def web_gate(config: WebConfig) -> WorkerGate:
     """The worker gate of a web process's streamer (rstreamer.client.gate): 503 after
-    ``no_worker_grace`` seconds without a live worker, unless calls wait for a cold start."""
-    return WorkerGate.for_settings(config.prefix, config.client, config.no_worker_grace, config.dead_after)
+    ``no_worker_grace`` seconds without a live worker, unless calls wait for a cold start. Its
+    refusals do not name the Redis's other prefixes: an HTTP caller need not learn them."""
+    return WorkerGate.for_settings(config.prefix, config.client, config.no_worker_grace, config.dead_after,
+                                   name_known=False)

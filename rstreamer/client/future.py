@@ -4,12 +4,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..batching.batcher import Failure, Outcome
 from ..errors import Cancelled, StreamerTimeout, remote_error_from
 from ..ops.hooks import caller_woken
 from .core import Call
+
+if TYPE_CHECKING:
+    from .coalescer import Ticket
 
 
 class BaseFuture:
@@ -169,3 +172,4 @@ class RedisFuture(Future):
         self.call = call
         # The call's own deadline: the time its admission took (rstreamer.client.gate) counts.
         self.deadline, self._deadline_mono = call.deadline, call.expires_at
+        self.ticket: Ticket | None = None  # its place in the coalescer, once enqueued

@@ -60,13 +60,16 @@ class WorkerGate:
     ``dead_after``: the workers' liveness window (a heartbeat older than this is dead).
     ``cold_start_wait``: > 0 lets through a call that would be refused, to wait (at most that
     many seconds) for a worker to start: :meth:`admit` says it is such a cold call.
+    ``name_known``: a refusal names the other prefixes the Redis knows (a misspelt prefix's likely
+    meaning); a web app, whose callers need not learn them, passes False.
     Safe to share between threads; :meth:`aadmit` is for one event loop.
     """
 
     def __init__(self, prefix: str, dead_after: float = WorkerSettings.dead_after, grace: float = NO_WORKER_GRACE,
                  interval: float = READ_INTERVAL, clock: Callable[[], float] = time.monotonic,
-                 wait: float = READ_WAIT, cold_start_wait: float = 0.0) -> None:
+                 wait: float = READ_WAIT, cold_start_wait: float = 0.0, name_known: bool = True) -> None:
         self.prefix = prefix
+        self.name_known = name_known
         self.cold_start_wait = cold_start_wait
         self.dead_after = dead_after
         self.grace = grace
@@ -86,9 +89,9 @@ class WorkerGate:
 
     @classmethod
     def for_settings(cls, prefix: str, settings: ClientSettings, grace: float = NO_WORKER_GRACE,
-                     dead_after: float = WorkerSettings.dead_after) -> WorkerGate:
+                     dead_after: float = WorkerSettings.dead_after, name_known: bool = True) -> WorkerGate:
         """The gate of a streamer with ``settings`` (their ``cold_start_wait``)."""
-        return cls(prefix, dead_after, grace, cold_start_wait=settings.cold_start_wait)
+        return cls(prefix, dead_after, grace, cold_start_wait=settings.cold_start_wait, name_known=name_known)
 
     # the reading (sans I/O) ------------------------------------------------------------------
 
@@ -206,7 +209,7 @@ class WorkerGate:
 
     def _record(self, read: Read) -> None:
         try:
-            heartbeats, known = read(self._known_prefixes is None)
+            heartbeats, known = read(self._wants_known())
         except Exception:  # noqa: BLE001 - Redis away or failing: the call itself says why
             self.read_failed()
             return
@@ -228,7 +231,7 @@ class WorkerGate:
 
     async def _arefresh(self, read: AsyncRead) -> None:
         try:
-            heartbeats, known = await read(self._known_prefixes is None)
+            heartbeats, known = await read(self._wants_known())
         except Exception:  # noqa: BLE001 - Redis away or failing: the call itself says why
             self.read_failed()
         else:
@@ -236,6 +239,9 @@ class WorkerGate:
         finally:
             with self._lock:
                 self._refreshing = False
+
+    def _wants_known(self) -> bool:
+        return self.name_known and self._known_prefixes is None
 
     def _wait_bound(self, until: float | None) -> float:
         bound = self.wait

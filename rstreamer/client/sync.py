@@ -18,6 +18,9 @@ from .future import Future, RedisFuture
 from .gate import WorkerGate, read_gate
 from .streams import ChunkStream
 
+INTERRUPT_WITHDRAW_WAIT = 0.5
+"""The longest ``predict()`` interrupted by Ctrl-C waits for its call's withdrawal from Redis."""
+
 
 class RedisStreamer(BaseStreamer):
     """Send items to the workers of ``prefix`` through Redis and wait for their outputs.
@@ -66,9 +69,16 @@ class RedisStreamer(BaseStreamer):
     def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
                 tenant: str | None = None) -> list[Any]:
         """Return one output per item of ``batch``, in order (``priority`` and ``tenant`` as in
-        :meth:`submit`)."""
+        :meth:`submit`). Interrupted (Ctrl-C: KeyboardInterrupt), it withdraws the call, as
+        ``future.cancel()`` does, before the interrupt goes on."""
         # patient: the thread parks once, from enqueue to answer, not once for each.
-        return self._submit(batch, timeout, priority, tenant, patient=True).result()
+        future = self._submit(batch, timeout, priority, tenant, patient=True)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            # Ctrl-C: withdraw the call before the program ends (the I/O threads end with it).
+            self._coalescer.withdraw_now(future, INTERRUPT_WITHDRAW_WAIT)
+            raise
 
     def stream(self, item: Any, timeout: float | None = None, *, priority: int = 0,
                tenant: str | None = None) -> ChunkStream:

@@ -63,7 +63,7 @@ class ModelDirectory:
         with self._lock:
             gate = self._gates.get(prefix)
             if gate is None:
-                gate = self._gates[prefix] = WorkerGate(prefix, self.dead_after, self.grace)
+                gate = self._gates[prefix] = WorkerGate(prefix, self.dead_after, self.grace, name_known=False)
             return gate
 
     def check(self, name: str, prefix: str, gate: WorkerGate) -> None:
