@@ -28,13 +28,13 @@ import redis
 
 from ..batching.batcher import Outcome
 from ..broker.connection import RedisClient, blpop_block, retry_pause
+from ..broker.threads import DaemonThreads
 from ..errors import BrokerUnavailable, DecodeError
 from ..wire.cancel import cancel_args
 from ..wire.messages import Admission
 from ..wire.replies import decode_reply, undecodable
 from ..wire.scripts import scripts
 from .core import MAX_CONNECTIONS, WITHDRAW_GRACE, CallFactory, call_errors
-from .threads import DaemonThreads
 
 if TYPE_CHECKING:
     from .future import RedisFuture

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..broker.connection import RedisClient, blpop_block, retry_pause
+from ..broker.threads import call_within
 from ..errors import BrokerUnavailable, RStreamerError, StreamerTimeout
 from ..wire.cancel import cancel_args
 from ..wire.chunks import CANCELLED, STREAMED, ChunkReader
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 
 POP_COUNT = 256
 """Most chunk messages one pop takes."""
+STALL_MARGIN = 0.25
+"""Seconds past the call's deadline a Redis command may take before the caller stops waiting for
+it (a stalled Redis answers at its socket timeout; issue 22, defect 7)."""
+CLOSE_WAIT = 0.25
+"""The longest leaving a stream waits for Redis to take its cancellation."""
 
 
 class _StreamState:
@@ -140,14 +146,18 @@ class ChunkStream:
         state = self._state
         with call_errors(self._redis_url):
             # Marked first: the worker reads the mark when it takes the item.
-            self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
+            self._within(lambda: self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms))
             script = scripts(self._redis).enqueue_calls
             try:
-                state.enqueued(script(**state.enqueue_args()))
+                state.enqueued(self._within(lambda: script(**state.enqueue_args())))
             except RStreamerError:
                 self._redis.delete(state.control_key)
                 raise
         state.started = True
+
+    def _within(self, command: Callable[[], Any]) -> Any:
+        """``command()`` (a Redis command), waited for no later than the call's deadline."""
+        return call_within(command, self._state.call.expires_at + STALL_MARGIN, self._state.timed_out)
 
     @property
     def _redis_url(self) -> str:
@@ -179,7 +189,8 @@ class ChunkStream:
         try:
             with call_errors(self._redis_url):
                 # Every message waiting in one pop: a slow reader catches up in one round trip.
-                popped = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
+                popped = self._within(lambda: self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT",
+                                                                 count=POP_COUNT))
         except BrokerUnavailable as exc:
             time.sleep(state.broker_failed(exc))
             return
@@ -193,13 +204,17 @@ class ChunkStream:
         if state.closed or not state.started:
             return
         state.closed = True
-        with contextlib.suppress(redis.RedisError, BrokerUnavailable):
-            pipe = self._redis.pipeline(transaction=False)
-            state.queue_close(pipe)
-            pipe.execute()
-            withdraw = state.withdraw_args()
-            if withdraw is not None:
-                scripts(self._redis).cancel(**withdraw)
+        with contextlib.suppress(redis.RedisError, BrokerUnavailable, StreamerTimeout):
+            call_within(self._cancel, time.monotonic() + CLOSE_WAIT, state.timed_out)
+
+    def _cancel(self) -> None:
+        state = self._state
+        pipe = self._redis.pipeline(transaction=False)
+        state.queue_close(pipe)
+        pipe.execute()
+        withdraw = state.withdraw_args()
+        if withdraw is not None:
+            scripts(self._redis).cancel(**withdraw)
 
     def __enter__(self) -> ChunkStream:
         return self
@@ -234,10 +249,10 @@ class AsyncChunkStream:
         if self._admit is not None:  # the streamer's worker gate (NoLiveWorker, or a cold start's timeout)
             state.call = await self._admit(state.call)
         with call_errors(state.calls.url):
-            await self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
+            await self._within(self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms))
             script = scripts(self._redis).enqueue_calls
             state.started = True  # from here, leaving cancels
-            reply = await script(**state.enqueue_args())
+            reply = await self._within(script(**state.enqueue_args()))
             try:
                 state.enqueued(reply)
             except RStreamerError:  # refused: nothing was enqueued, so nothing to cancel
@@ -245,6 +260,14 @@ class AsyncChunkStream:
                 with contextlib.suppress(redis.RedisError):
                     await self._redis.delete(state.control_key)
                 raise
+
+    async def _within(self, command: Awaitable[Any]) -> Any:
+        """``await command`` (a Redis command), no later than the call's deadline."""
+        remaining = self._state.call.expires_at + STALL_MARGIN - time.monotonic()
+        try:
+            return await asyncio.wait_for(command, max(0.0, remaining))
+        except asyncio.TimeoutError:
+            raise self._state.timed_out() from None
 
     def __aiter__(self) -> AsyncChunkStream:
         return self
@@ -273,10 +296,14 @@ class AsyncChunkStream:
             raise state.timed_out()
         try:
             with call_errors(state.calls.url):
-                # The socket timeout bounds a stalled server; wait_for bounds this caller.
+                # The socket timeout bounds a stalled server; wait_for bounds this caller, never
+                # past the call's deadline.
                 pop = self._redis.blmpop(block, 1, state.call.reply_key, direction="LEFT", count=POP_COUNT)
-                popped = await asyncio.wait_for(pop, block + 2.0)
+                wait = min(block + 2.0, state.call.expires_at + STALL_MARGIN - time.monotonic())
+                popped = await asyncio.wait_for(pop, max(0.0, wait))
         except (BrokerUnavailable, asyncio.TimeoutError) as exc:
+            if time.monotonic() >= state.call.expires_at:
+                raise state.timed_out() from None
             error = exc if isinstance(exc, BrokerUnavailable) else BrokerUnavailable(f"Redis did not answer: {exc}")
             await asyncio.sleep(state.broker_failed(error))
             return
@@ -290,13 +317,17 @@ class AsyncChunkStream:
         if state.closed or not state.started:
             return
         state.closed = True
-        with contextlib.suppress(redis.RedisError, BrokerUnavailable):
-            pipe = self._redis.pipeline(transaction=False)
-            state.queue_close(pipe)
-            await pipe.execute()
-            withdraw = state.withdraw_args()
-            if withdraw is not None:
-                await scripts(self._redis).cancel(**withdraw)
+        with contextlib.suppress(redis.RedisError, BrokerUnavailable, asyncio.TimeoutError):
+            await asyncio.wait_for(self._cancel(), CLOSE_WAIT)
+
+    async def _cancel(self) -> None:
+        state = self._state
+        pipe = self._redis.pipeline(transaction=False)
+        state.queue_close(pipe)
+        await pipe.execute()
+        withdraw = state.withdraw_args()
+        if withdraw is not None:
+            await scripts(self._redis).cancel(**withdraw)
 
     async def __aenter__(self) -> AsyncChunkStream:
         if not self._state.started:

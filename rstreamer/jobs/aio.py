@@ -25,6 +25,7 @@ from ..wire.scripts import scripts
 from .sync import (
     PAGE,
     RETRY_PAUSE,
+    STALL_MARGIN,
     JobEvent,
     JobInfo,
     JobItem,
@@ -181,7 +182,14 @@ class AsyncJob:
 
     async def wait(self, timeout: float | None = None) -> JobState:
         """Wait until the job has finished and return its state; see :meth:`rstreamer.jobs.sync.Job.wait`."""
-        until = deadline(timeout)
+        if timeout is None:
+            return await self._wait(float("inf"), timeout)
+        try:  # never past the deadline, whatever Redis does (a stalled server answers at its socket timeout)
+            return await asyncio.wait_for(self._wait(deadline(timeout), timeout), max(0.0, timeout) + STALL_MARGIN)
+        except asyncio.TimeoutError:
+            raise not_finished(self.id, timeout) from None
+
+    async def _wait(self, until: float, timeout: float | None) -> JobState:
         last = b"0-0"
         while True:
             try:

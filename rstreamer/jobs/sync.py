@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
 import json
 import math
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -29,6 +30,7 @@ from ..batching.batcher import Outcome
 from ..batching.priority import Levels
 from ..batching.quotas import check_tenant
 from ..broker.connection import BLPOP_SLICE, RedisClient, broker_errors
+from ..broker.threads import call_within
 from ..codec import core as codec
 from ..errors import (
     BrokerUnavailable,
@@ -50,6 +52,8 @@ from ..wire.published import published_levels
 from ..wire.replies import decode_reply
 from ..wire.scripts import ScriptArgs, scripts
 from .webhook_targets import TargetPolicy, check_url
+
+T = TypeVar("T")
 
 MAX_META_BYTES = 64 * 1024
 """Largest ``meta`` (as JSON) a job may carry."""
@@ -305,6 +309,11 @@ def deadline(timeout: float | None) -> float:
     return float("inf") if timeout is None else time.monotonic() + max(0.0, timeout)
 
 
+STALL_MARGIN = 0.25
+"""Seconds past a wait's deadline a Redis command may take before the waiter stops waiting for it
+(a stalled Redis answers at its socket timeout; issue 22, defect 7)."""
+
+
 def not_finished(job_id: str, timeout: float | None) -> StreamerTimeout:
     """The error of a wait that ran out."""
     return StreamerTimeout(f"job {job_id} did not finish within {timeout}s")
@@ -544,15 +553,20 @@ class Job:
         """
         until = deadline(timeout)
         last = b"0-0"
+        log = self._keys.job_log(self.id)
+
+        def within(command: Callable[[], T]) -> T:  # never waited for past the deadline
+            return call_within(command, until + STALL_MARGIN, lambda: not_finished(self.id, timeout))
+
         while True:
             try:
-                state, last = self._state_and_log_tail(last)
+                state, last = within(functools.partial(self._state_and_log_tail, last))
                 if state.finished:
                     return state
                 block = block_ms(until)
                 if block is None:
                     raise not_finished(self.id, timeout)
-                self._jobs.redis.xread({self._keys.job_log(self.id): last}, count=1, block=block)
+                within(functools.partial(self._jobs.redis.xread, {log: last}, count=1, block=block))
             except (BrokerUnavailable, redis.ConnectionError, redis.TimeoutError) as exc:
                 self._pause(until, timeout, exc)
 
@@ -614,8 +628,9 @@ class Job:
             block = block_ms(until)
             if block is None:
                 raise not_finished(self.id, timeout)
-            with broker_errors(self._jobs.url):
-                reply = self._jobs.redis.xread({log: last}, count=100, block=block)
+            with broker_errors(self._jobs.url):  # never waited for past the deadline
+                reply = call_within(functools.partial(self._jobs.redis.xread, {log: last}, count=100, block=block),
+                                    until + STALL_MARGIN, lambda: not_finished(self.id, timeout))
             entries = [entry for _, stream_entries in (reply or []) for entry in stream_entries]
             if not entries:
                 if self.info().state.finished and not self._jobs.redis.exists(log):

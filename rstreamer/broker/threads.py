@@ -1,4 +1,5 @@
-"""A pool of daemon threads for a streamer's I/O: the interpreter never waits for them.
+"""Daemon threads for the clients' I/O, which the interpreter never waits for, and
+:func:`call_within`, which bounds a blocking Redis call by a caller's deadline.
 
 ``concurrent.futures.ThreadPoolExecutor`` joins its threads when the interpreter exits, so a
 script whose main thread ended (Ctrl-C in ``predict()``) stayed alive while a thread popped a
@@ -6,15 +7,22 @@ reply key, until the item was answered, and a second Ctrl-C printed a traceback 
 concurrent.futures (issue 22, friction 2). The streamer's threads only wait for answers that
 nobody will read once the program ends, so they may simply stop with it; a call interrupted by
 Ctrl-C is withdrawn by its caller's thread before the program ends (see ``RedisStreamer.predict``).
+
+A blocking call of redis-py waits for its socket timeout when Redis stalls (a stopped server, a
+black-holed path), whatever the caller's deadline; :func:`call_within` runs it in one of these
+threads and stops waiting at the deadline (issue 22, defect 7: streams and ``Job.wait``).
 """
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 _Task = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
@@ -70,3 +78,19 @@ class DaemonThreads:
                         task[0].cancel()
             for _ in range(self._started):
                 self._tasks.put(None)
+
+
+_BOUNDED = DaemonThreads(256, "rstreamer-bounded")
+
+
+def call_within(fn: Callable[[], T], until: float, timed_out: Callable[[], BaseException]) -> T:
+    """``fn()``, waited for until the monotonic time ``until`` at most; raises ``timed_out()``
+    then (``fn`` goes on in its thread and ends at its socket timeout). ``until`` infinite: ``fn()``
+    runs in the caller's thread. An error of ``fn`` is raised as is."""
+    if until == float("inf"):
+        return fn()
+    task: Future[T] = _BOUNDED.submit(fn)
+    try:
+        return task.result(timeout=max(0.0, until - time.monotonic()))
+    except FutureTimeout:
+        raise timed_out() from None
