@@ -19,8 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 _Task = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
@@ -89,8 +88,23 @@ def call_within(fn: Callable[[], T], until: float, timed_out: Callable[[], BaseE
     runs in the caller's thread. An error of ``fn`` is raised as is."""
     if until == float("inf"):
         return fn()
-    task: Future[T] = _BOUNDED.submit(fn)
-    try:
-        return task.result(timeout=max(0.0, until - time.monotonic()))
-    except FutureTimeout:
-        raise timed_out() from None
+    # An Event, not the Future's own wait: Ctrl-C meanwhile shows the caller's code in its
+    # traceback, not concurrent.futures's.
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    _BOUNDED.submit(run)
+    if not done.wait(max(0.0, until - time.monotonic())):
+        raise timed_out()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return cast(T, value)

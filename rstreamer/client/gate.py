@@ -22,6 +22,7 @@ fails (Redis away) or does not end in time refuses nothing: the call itself says
 from __future__ import annotations
 
 import asyncio
+import difflib
 import math
 import threading
 import time
@@ -158,6 +159,8 @@ class WorkerGate:
 
     def _known_hint(self) -> str:
         others = [name for name in self._known_prefixes or [] if name != self.prefix]
+        close = difflib.get_close_matches(self.prefix, others, n=10, cutoff=0.5)  # the likeliest meant first
+        others = close + [name for name in others if name not in close]
         if not others:
             return ""
         shown = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
