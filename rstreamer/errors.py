@@ -63,7 +63,8 @@ class Overloaded(RStreamerError):
 
 
 class CallTooLarge(RStreamerError, ValueError):
-    """One call holds more items than the queue may ever hold (``max_queue``): split it.
+    """One call holds more items than the queue may ever hold (``max_queue``) or than its
+    tenant's burst: split it.
 
     Retrying cannot help, unlike :class:`Overloaded`, hence 413 and not 503.
     """
@@ -85,7 +86,7 @@ class Cancelled(RStreamerError):
 
 class RateLimited(RStreamerError):
     """The call's tenant is over its quota; ``retry_after``: seconds until it may send this call
-    (0 when the call is larger than the tenant's burst and never fits: split it)."""
+    (a call larger than the tenant's burst never fits: that is :class:`CallTooLarge`)."""
 
     http_status = 429
 

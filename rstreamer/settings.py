@@ -210,12 +210,17 @@ class ClientSettings(EnvSettings):
         than this many bytes in Redis (``RSTREAMER_MAX_QUEUE_BYTES``); 0 disables. Keep it well
         under Redis's maxmemory.
     max_item_bytes: largest encoded item a call may send.
+    cold_start_wait: what a call to a prefix that no live worker serves does
+        (``RSTREAMER_COLD_START_WAIT``, seconds): 0 (the default) refuses it at once with
+        NoLiveWorker; > 0 enqueues it to wait for a worker to start (a fleet scaled from zero),
+        its timeout capped at this many seconds.
     """
 
     timeout: float = 20.0
     max_queue: int = 10_000
     max_queue_bytes: int = 256 * 1024 * 1024
     max_item_bytes: int = 16 * 1024 * 1024
+    cold_start_wait: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("timeout", self.timeout)
@@ -224,6 +229,7 @@ class ClientSettings(EnvSettings):
         _positive("max_queue", self.max_queue, allow_zero=True)
         _positive("max_queue_bytes", self.max_queue_bytes, allow_zero=True)
         _positive("max_item_bytes", self.max_item_bytes)
+        _positive("cold_start_wait", self.cold_start_wait, allow_zero=True)
 
 
 @dataclass(frozen=True)

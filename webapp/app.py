@@ -7,7 +7,6 @@ behind the Redis queue, never in the web process.
 """
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import weakref
@@ -25,8 +24,7 @@ from rstreamer.wire.keys import Keys
 from rstreamer.wire.shelf import read_serving
 
 from . import jobs, metrics, multiproc, protocol, sse
-from .config import WebConfig, cold_start_wait
-from .gate import WorkerGate
+from .config import WebConfig, cold_start_wait, web_gate
 from .openai import wsgi_routes as openai_routes
 from .openai.errors import http_error as openai_http_error
 from .openai.service import OpenAIService
@@ -77,12 +75,13 @@ def create_app(config: WebConfig | None = None) -> Flask:
     multiproc.check("rstreamer web app (Flask)")
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body
-    streamer = PerProcess(lambda: RedisStreamer(config.redis_url, config.prefix, settings=config.client))
+    # The streamer's gate refuses calls (503) while no live worker serves the prefix.
+    streamer = PerProcess(lambda: RedisStreamer(config.redis_url, config.prefix, settings=config.client,
+                                                gate=web_gate(config)))
     probe = PerProcess(lambda: create_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0))
-    gate = PerProcess(lambda: WorkerGate(config.prefix, config.dead_after, config.no_worker_grace))
     app.extensions["rstreamer"] = streamer
     metrics.calls()  # registered now, so /metrics lists the call counters before the first call
-    _add_routes(app, config, streamer, probe, gate)
+    _add_routes(app, config, streamer, probe)
     _add_job_routes(app, config, streamer)
     openai_routes.add_routes(app, PerProcess(lambda: OpenAIService(config)).get)
     app.register_error_handler(HTTPException, _http_error)
@@ -90,15 +89,14 @@ def create_app(config: WebConfig | None = None) -> Flask:
 
 
 def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreamer],
-                probe: PerProcess[RedisClient], gate: PerProcess[WorkerGate]) -> None:
+                probe: PerProcess[RedisClient]) -> None:
     keys = Keys(config.prefix)
-    check_workers = functools.partial(_check_workers, gate, probe, keys)
 
     @app.post("/predict")
     def predict() -> Response:
         try:
             headers: protocol.Headers = {}
-            status, body = 200, _predict(request, config, streamer.get(), check_workers)
+            status, body = 200, _predict(request, config, streamer.get())
         except Exception as exc:  # every failure becomes a JSON error with its status
             status, body, headers = protocol.error_reply(exc)
         metrics.count_response("/predict", status)
@@ -106,7 +104,7 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
 
     @app.post("/generate")
     def generate() -> Response:
-        return _generate(request, config, streamer.get(), check_workers)
+        return _generate(request, config, streamer.get())
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -171,17 +169,6 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
         return answer("/jobs/<id>", cancel)
 
 
-def _check_workers(gate: PerProcess[WorkerGate], probe: PerProcess[RedisClient], keys: Keys) -> None:
-    """NoLiveWorker (503) when no live worker has served the prefix for the grace period."""
-    watch = gate.get()
-    if watch.claim_refresh():
-        try:
-            watch.update(read_serving(probe.get(), keys))
-        except (redis.RedisError, BrokerUnavailable):
-            pass  # the call itself reports Redis's failure
-    watch.check()
-
-
 def _body(req: Request, config: WebConfig) -> bytes:
     try:
         return req.get_data(cache=False)
@@ -189,22 +176,20 @@ def _body(req: Request, config: WebConfig) -> bytes:
         raise protocol.too_large(config.max_body) from None
 
 
-def _predict(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> bytes:
+def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
     # Counted from the start: a refusal (a malformed or oversized body, no live worker) is a call
     # that failed, which the error-ratio alert must see.
     with metrics.calls().track(config.prefix, 0) as tracked:
         call = protocol.parse_call(req.content_type, _body(req, config), req.headers)
         tracked.add_items(len(call.inputs))
-        check_workers()
         outputs = streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
     return protocol.outputs_body(outputs)
 
 
-def _generate(req: Request, config: WebConfig, streamer: RedisStreamer, check_workers: Callable[[], None]) -> Response:
+def _generate(req: Request, config: WebConfig, streamer: RedisStreamer) -> Response:
     # Enqueued before the response starts, so a refused call gets its status (400, 503).
     try:
         call = sse.parse_generate(req.content_type, _body(req, config), req.headers)
-        check_workers()
         stream = streamer.stream(call.item, call.timeout, priority=call.priority, tenant=call.tenant)
     except Exception as exc:
         metrics.calls().count(config.prefix, outcome_of(exc))

@@ -27,8 +27,7 @@ from rstreamer.wire.shelf import aread_serving
 
 from . import jobs, metrics, multiproc, protocol, sse
 from .asgi_io import read_body, unless_disconnected
-from .config import WebConfig, cold_start_wait, settings_or_exit
-from .gate import WorkerGate
+from .config import WebConfig, cold_start_wait, settings_or_exit, web_gate
 from .openai import asgi_routes as openai_routes
 from .openai.errors import http_error as openai_http_error
 from .openai.service import AsyncOpenAIService
@@ -47,9 +46,10 @@ def create_app(config: WebConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Built inside the server's event loop, which their connections belong to.
         app.state.config = config
-        app.state.streamer = AsyncRedisStreamer(config.redis_url, config.prefix, settings=config.client)
+        # The streamer's gate refuses calls (503) while no live worker serves the prefix.
+        app.state.streamer = AsyncRedisStreamer(config.redis_url, config.prefix, settings=config.client,
+                                                gate=web_gate(config))
         app.state.probe = create_async_redis(config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT, retries=0)
-        app.state.gate = WorkerGate(config.prefix, config.dead_after, config.no_worker_grace)
         app.state.openai = AsyncOpenAIService(config)
         try:
             yield
@@ -72,7 +72,6 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         try:
             body = await read_body(request, config.max_body)
             call = sse.parse_generate(request.headers.get("content-type"), body, request.headers)
-            await _check_workers(request.app.state, keys)
             stream = request.app.state.streamer.stream(call.item, call.timeout, priority=call.priority,
                                                        tenant=call.tenant)
             await stream.__aenter__()
@@ -115,21 +114,9 @@ async def _predict(request: Request, config: WebConfig) -> bytes:
         body = await read_body(request, config.max_body)
         call = protocol.parse_call(request.headers.get("content-type"), body, request.headers)
         tracked.add_items(len(call.inputs))
-        await _check_workers(request.app.state, Keys(config.prefix))
         predict = request.app.state.streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
         outputs = await unless_disconnected(request, predict)
     return protocol.outputs_body(outputs)
-
-
-async def _check_workers(state: Any, keys: Keys) -> None:
-    """NoLiveWorker (503) when no live worker has served the prefix for the grace period."""
-    gate: WorkerGate = state.gate
-    if gate.claim_refresh():
-        try:
-            gate.update(await _read_workers(state.probe, keys))
-        except redis.RedisError:
-            pass  # the call itself reports Redis's failure
-    gate.check()
 
 
 async def _job_answer(route: str, handler: Callable[[], Awaitable[tuple[int, bytes, dict[str, str]]]]) -> Response:

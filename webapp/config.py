@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rstreamer.broker.connection import normalize_broker_url, parse_broker_url, redacted
+from rstreamer.client.gate import NO_WORKER_GRACE, WorkerGate
 from rstreamer.errors import ConfigError
 from rstreamer.settings import DEFAULT_REDIS_URL, ClientSettings, EnvSettings, WorkerSettings
 from rstreamer.wire.keys import validate_prefix
@@ -17,7 +18,7 @@ logger = logging.getLogger("webapp")
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # Long enough for a crashed worker to be restarted and reload its model before calls are refused.
-DEFAULT_NO_WORKER_GRACE = 30.0
+DEFAULT_NO_WORKER_GRACE = NO_WORKER_GRACE
 
 
 @dataclass(frozen=True)
@@ -108,3 +109,11 @@ def cold_start_wait(config: WebConfig) -> float:
     ``cold_start_wait`` (``RSTREAMER_COLD_START_WAIT``, issue 22), 0 where the clients do not have
     it. ``/readyz`` reports ready without a live worker when it is set."""
     return float(getattr(config.client, "cold_start_wait", 0.0))
+
+
+def web_gate(config: WebConfig) -> WorkerGate:
+    """The worker gate of a web process's streamer (rstreamer.client.gate): 503 after
+    ``no_worker_grace`` seconds without a live worker, unless calls wait for a cold start. Its
+    refusals do not name the Redis's other prefixes: an HTTP caller need not learn them."""
+    return WorkerGate.for_settings(config.prefix, config.client, config.no_worker_grace, config.dead_after,
+                                   name_known=False)

@@ -30,6 +30,13 @@ class Deadline:
             return cls(None, math.inf, math.inf)
         return cls(timeout, time.monotonic() + timeout, time.time() + timeout)
 
+    def shortened(self, timeout: float) -> Deadline:
+        """This deadline brought forward to ``timeout`` seconds after its start (never later)."""
+        if self.timeout is None:
+            return Deadline.after(timeout)
+        cut = max(0.0, self.timeout - timeout)
+        return Deadline(self.timeout - cut, self.expires_at - cut, self.at - cut)
+
     def remaining(self) -> float:
         """Seconds left before the deadline (0 once it has passed; infinite for no deadline)."""
         return max(0.0, self.expires_at - time.monotonic())

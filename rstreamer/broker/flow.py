@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import time
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
@@ -22,6 +23,7 @@ from operator import methodcaller
 from typing import Any, TypeVar, cast
 
 from ..errors import BrokerUnavailable
+from .threads import call_within
 
 T = TypeVar("T")
 
@@ -31,7 +33,9 @@ class Command:
     """One exchange with Redis: ``send(client)`` sends it (the reply, or an awaitable of it)."""
 
     send: Callable[[Any], Any]
-    bound: float | None = None  # asyncio: stop waiting after this many seconds (BrokerUnavailable)
+    # Stop waiting at this monotonic time (BrokerUnavailable in the flow): a stalled server answers
+    # only at its socket timeout, which must not outlast the caller's deadline (issue 22, defect 7).
+    until: float | None = None
     shield: bool = False  # asyncio: finish it even when the waiting task is cancelled meanwhile
 
 
@@ -54,15 +58,15 @@ def command(name: str, *args: Any, **kwargs: Any) -> Command:
     return Command(methodcaller(name, *args, **kwargs))
 
 
-def pipeline(*queued: methodcaller, transaction: bool = False) -> Command:
+def pipeline(*queued: methodcaller, transaction: bool = False, until: float | None = None) -> Command:
     """The commands ``queued`` (``methodcaller("hgetall", key)``, ...) in one pipeline; the reply
-    is the list of their replies."""
+    is the list of their replies (``until`` as for :class:`Command`)."""
     def send(client: Any) -> Any:
         pipe = client.pipeline(transaction=transaction)
         for add in queued:
             add(pipe)
         return pipe.execute()
-    return Command(send)
+    return Command(send, until=until)
 
 
 class _Turns:
@@ -94,10 +98,20 @@ def run(flow: Flow[T], client: Any, errors: Errors) -> T:
                 time.sleep(step.seconds)
             else:
                 with errors():
-                    turns.reply = step.send(client)
+                    turns.reply = _sent(step, client)
         except BaseException as exc:  # noqa: BLE001 - raised in the flow, which decides
             turns.error = exc
     return cast(T, turns.result)
+
+
+def _sent(step: Command, client: Any) -> Any:
+    if step.until is None or step.until == math.inf:
+        return step.send(client)
+    return call_within(lambda: step.send(client), step.until, _no_answer)
+
+
+def _no_answer() -> BrokerUnavailable:
+    return BrokerUnavailable("Redis did not answer before the caller's deadline")
 
 
 async def arun(flow: Flow[T], client: Any, errors: Errors) -> T:
@@ -120,10 +134,10 @@ async def _awaited(step: Command, sent: Any) -> Any:
         return sent
     if step.shield:
         return await asyncio.shield(sent)
-    if step.bound is None:
+    if step.until is None or step.until == math.inf:
         return await sent
     # The socket timeout bounds a stalled server; this bounds the caller's wait.
     try:
-        return await asyncio.wait_for(sent, step.bound)
-    except asyncio.TimeoutError as exc:
-        raise BrokerUnavailable(f"Redis did not answer: {exc}")  # noqa: B904 - as a broker error always was
+        return await asyncio.wait_for(sent, max(0.0, step.until - time.monotonic()))
+    except asyncio.TimeoutError:
+        raise _no_answer() from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Coroutine, Generator, Iterable
@@ -29,6 +30,7 @@ from ..wire.replies import decode_reply, undecodable
 from ..wire.scripts import scripts
 from .core import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, WITHDRAW_GRACE, Call, CallFactory, call_errors
 from .future import BaseFuture
+from .gate import WorkerGate, aread_gate
 from .streams import AsyncChunkStream
 
 logger = logging.getLogger(__name__)
@@ -40,7 +42,8 @@ class AsyncRedisStreamer:
     Arguments and defaults are those of :class:`~rstreamer.RedisStreamer`; ``max_connections``
     bounds the calls in flight (each waits on a connection of its own), and a call past it
     raises Overloaded. Create the streamer inside the event loop that uses it (for example in
-    an ASGI lifespan) and ``await aclose()`` it, or use ``async with``.
+    an ASGI lifespan) and ``await aclose()`` it, or use ``async with``. ``gate``: as in
+    RedisStreamer (NoLiveWorker at once for a prefix that no live worker serves).
     """
 
     def __init__(
@@ -52,11 +55,13 @@ class AsyncRedisStreamer:
         max_queue: int | None = None,
         settings: ClientSettings | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        gate: WorkerGate | None = None,
     ) -> None:
         self.calls = CallFactory(redis_broker, prefix, timeout, max_queue, settings)
         self.settings, self.url, self.keys = self.calls.settings, self.calls.url, self.calls.keys
         self.redis = create_async_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                         max_connections=max_connections)
+        self.gate = gate or WorkerGate.for_settings(self.keys.prefix, self.settings)
         self._enqueue_script = scripts(self.redis).enqueue_calls
         self._cancel_script = scripts(self.redis).cancel
         self._poppers: set[asyncio.Future[None]] = set()
@@ -73,6 +78,8 @@ class AsyncRedisStreamer:
         and RateLimited when ``tenant`` is over its quota.
         """
         call = self.calls.new_call(list(batch), timeout, priority, tenant)
+        if call.payloads:
+            call = await self._admit(call)
         future = AsyncFuture(call)
         future.on_cancel(lambda: self._spawn(self._withdraw(future, whole=True), self._withdrawals))
         if call.payloads:
@@ -88,6 +95,11 @@ class AsyncRedisStreamer:
             enqueue.result()
             self._spawn(self._pop_replies(future))
         return future
+
+    async def _admit(self, call: Call) -> Call:
+        """``call`` as it may be enqueued, or NoLiveWorker (see :mod:`rstreamer.client.gate`)."""
+        cold = await self.gate.aadmit(functools.partial(aread_gate, self.redis, self.keys), call.expires_at)
+        return self.calls.cold(call, self.gate.cold_start_wait) if cold else call
 
     def _spawn(self, work: Coroutine[Any, Any, None], tasks: set[asyncio.Future[None]] | None = None) -> None:
         """Run ``work`` in a task of its own, kept in ``tasks`` (the poppers, which aclose()
@@ -192,7 +204,7 @@ class AsyncRedisStreamer:
         the loop early cancels the generation (``async with astreamer.stream(item) as chunks:``
         cancels at once, deterministically).
         """
-        return AsyncChunkStream(self.redis, self.calls, item, timeout, priority, tenant)
+        return AsyncChunkStream(self.redis, self.calls, item, timeout, priority, tenant, admit=self._admit)
 
     async def levels(self) -> Levels:
         """The priority levels the workers of this prefix serve (one when none published any)."""
@@ -231,6 +243,8 @@ class AsyncFuture(BaseFuture):
     def __init__(self, call: Call) -> None:
         super().__init__(len(call.payloads), call.timeout, call.deadline)
         self.call = call
+        # The call's own deadline: the time its admission took (rstreamer.client.gate) counts.
+        self.deadline, self._deadline_mono = call.deadline, call.expires_at
         self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
         self._settled_event = asyncio.Event()
 

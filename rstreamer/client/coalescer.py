@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future as TaskFuture
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
 from ..batching.batcher import Outcome
 from ..broker.connection import RedisClient, blpop_block, retry_pause
+from ..broker.threads import DaemonThreads
 from ..errors import BrokerUnavailable, DecodeError
 from ..wire.cancel import cancel_args
 from ..wire.messages import Admission
@@ -95,9 +96,14 @@ class Ticket:
         self.state = CallState.DROPPED
         self._settled.release()
 
-    def wait_settled(self) -> None:
-        """Park until the ENQUEUE has decided, or the call's deadline."""
-        self._settled.acquire(timeout=self.future.call.remaining())
+    def wait_settled(self, until: float | None = None) -> None:
+        """Park until the ENQUEUE has decided, or the call's deadline (or the monotonic time
+        ``until``, if sooner)."""
+        timeout = self.future.call.remaining()
+        if until is not None:
+            timeout = min(timeout, max(0.0, until - time.monotonic()))
+        if self._settled.acquire(timeout=timeout):
+            self._settled.release()  # settled for good: every later wait returns at once
 
 
 class ReplyGroup:
@@ -161,7 +167,8 @@ class Coalescer:
         self._pending: list[Ticket] = []
         self._flushing = False
         self._closed = False
-        self._io = ThreadPoolExecutor(MAX_CONNECTIONS, thread_name_prefix="rstreamer-io")
+        # Daemon threads: a program that ends (Ctrl-C in predict) is never kept alive by them.
+        self._io = DaemonThreads(MAX_CONNECTIONS, "rstreamer-io")
         self._withdrawals: set[TaskFuture[None]] = set()
 
     # callers ---------------------------------------------------------------------------------
@@ -169,7 +176,7 @@ class Coalescer:
     def enqueue(self, future: RedisFuture, patient: bool) -> None:
         """Queue ``future``'s call. Unless ``patient``, return once it is enqueued (raising why it
         was not) or its deadline has passed; a patient caller learns the outcome from the future."""
-        ticket = Ticket(future)
+        ticket = future.ticket = Ticket(future)
         future.on_cancel(lambda: self.cancel(ticket))
         with self._lock:
             if self._closed:
@@ -201,15 +208,32 @@ class Coalescer:
                 return
             if ticket.state is not CallState.SENT:
                 return  # SENDING: withdrawn when its ENQUEUE settles (_settle); FAILED: nothing queued
+        self._start_withdrawal([ticket])
+
+    def _start_withdrawal(self, tickets: list[Ticket]) -> None:
         try:
-            task = self._io.submit(self._withdraw, [ticket], False)
+            task = self._io.submit(self._withdraw, tickets, False)
         except RuntimeError:  # shut down by close()
             return
-        # close() lets the withdrawals already asked for finish: a caller that cancels and then
-        # closes (a web process shutting down) must not leave its items queued.
+        # close() and withdraw_now() let the withdrawals already asked for finish: a caller that
+        # cancels and then closes (a web process shutting down, a script ended by Ctrl-C) must
+        # not leave its items queued.
         with self._lock:
             self._withdrawals.add(task)
         task.add_done_callback(self._withdrawn)
+
+    def withdraw_now(self, future: RedisFuture, timeout: float) -> None:
+        """Cancel ``future``'s call and wait, at most ``timeout`` seconds, until its items are
+        withdrawn from Redis: the program may be about to end (Ctrl-C), and these threads end
+        with it."""
+        until = time.monotonic() + timeout
+        future.cancel()
+        ticket = future.ticket
+        if ticket is not None and ticket.state is CallState.SENDING:  # withdrawn when its ENQUEUE settles
+            ticket.wait_settled(until)
+        with self._lock:
+            withdrawals = list(self._withdrawals)
+        wait(withdrawals, timeout=max(0.0, until - time.monotonic()))
 
     def _withdrawn(self, task: TaskFuture[None]) -> None:
         with self._lock:
@@ -243,7 +267,7 @@ class Coalescer:
             self._pending.clear()
             withdrawals = list(self._withdrawals)
         wait(withdrawals, timeout=WITHDRAW_GRACE)
-        self._io.shutdown(wait=False, cancel_futures=True)
+        self._io.shutdown(cancel_futures=True)
 
     # the flusher -----------------------------------------------------------------------------
 
@@ -328,7 +352,7 @@ class Coalescer:
                       for t, v in zip(taken, admission.verdicts, strict=True)])
         cancelled = [ticket for ticket in accepted if ticket.future.cancelled()]
         if cancelled:  # cancelled during the ENQUEUE
-            self._start(self._withdraw, cancelled, False)
+            self._start_withdrawal(cancelled)
         return group
 
     def _settle(self, outcomes: list[tuple[Ticket, BaseException | None]]) -> None:

@@ -7,6 +7,7 @@ there (:meth:`Call.remaining`, :meth:`Call.expired`, ``call.deadline``), never r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import secrets
@@ -127,6 +128,13 @@ class CallFactory:
         return Call(token, self.keys.reply(token), payloads, timeout, Deadline.after(timeout), current_traceparent(),
                     priority, tenant)
 
+    @staticmethod
+    def cold(call: Call, cold_start_wait: float) -> Call:
+        """``call`` let through to a prefix no live worker serves, to wait for one to start: its
+        timeout capped at ``cold_start_wait`` (the settings' value, which the gate keeps)."""
+        deadline = call.deadline.shortened(cold_start_wait)
+        return dataclasses.replace(call, timeout=min(call.timeout, cold_start_wait), deadline=deadline)
+
     # The arguments of the ENQUEUE_CALLS script are built by messages.enqueue_args (the wire
     # format) from what these two methods give it, and nowhere else.
 
@@ -147,12 +155,13 @@ class CallFactory:
         return {"keys": enqueue_keys(self.keys, (call.priority for call in calls), call_tenants(shapes)),
                 "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents)}
 
-    def refusal(self, verdict: Verdict, refused: Call) -> Overloaded | InvalidPriority | RateLimited:
+    def refusal(self, verdict: Verdict, refused: Call) -> Overloaded | InvalidPriority | RateLimited | CallTooLarge:
         """The error of a call the ENQUEUE_CALLS script refused, saying why."""
         return verdict.error(self.keys.prefix, self.limits, refused.priority, refused.tenant)
 
     def check_enqueued(self, reply: Sequence[Any], call: Call) -> Admission:
-        """The admission of ``call`` alone; raises Overloaded, InvalidPriority or RateLimited when refused."""
+        """The admission of ``call`` alone; raises Overloaded, InvalidPriority, RateLimited or
+        CallTooLarge (larger than its tenant's burst) when refused."""
         admission = Admission.parse(reply)
         if not admission.verdicts[0].added:
             raise self.refusal(admission.verdicts[0], call)

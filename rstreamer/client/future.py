@@ -4,13 +4,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..batching.batcher import Failure, Outcome
 from ..broker.deadline import Deadline
 from ..errors import Cancelled, StreamerTimeout, remote_error_from
 from ..ops.hooks import caller_woken
 from .core import Call
+
+if TYPE_CHECKING:
+    from .coalescer import Ticket
 
 
 class BaseFuture:
@@ -174,3 +177,4 @@ class RedisFuture(Future):
     def __init__(self, call: Call) -> None:
         super().__init__(len(call.payloads), call.timeout, call.deadline)
         self.call = call
+        self.ticket: Ticket | None = None  # its place in the coalescer, once enqueued

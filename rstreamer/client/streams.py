@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
+from collections.abc import Awaitable, Callable
 from operator import methodcaller
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ import redis
 
 from ..broker.connection import RedisClient
 from ..broker.flow import Command, Flow, Pause, arun, pipeline, run
+from ..broker.threads import call_within
 from ..errors import BrokerUnavailable, Overloaded, RStreamerError, StreamerTimeout
 from ..wire.cancel import cancel_args
 from ..wire.chunks import CANCELLED, STREAMED, ChunkReader
@@ -41,6 +44,11 @@ if TYPE_CHECKING:
 
 POP_COUNT = 256
 """Most chunk messages one pop takes."""
+STALL_MARGIN = 0.25
+"""Seconds past the call's deadline a Redis command may take before the caller stops waiting for
+it (a stalled Redis answers at its socket timeout; issue 22, defect 7)."""
+CLOSE_WAIT = 0.25
+"""The longest leaving a stream waits for Redis to take its cancellation."""
 
 
 class _StreamState:
@@ -58,6 +66,11 @@ class _StreamState:
         self.closed = False
         self.failures = 0
         self.entry_id: bytes | None = None  # the item's entry in its level's stream, once enqueued
+
+    @property
+    def until(self) -> float:
+        """The monotonic time the caller stops waiting for any Redis command of the stream."""
+        return self.call.expires_at + STALL_MARGIN
 
     def errors(self) -> contextlib.AbstractContextManager[None]:
         """Around each command of the stream's flows: how Redis's failures reach the caller."""
@@ -87,10 +100,12 @@ class _StreamState:
                 raise self.timed_out()
             try:
                 # Every message waiting in one pop: a slow reader catches up in one round trip.
-                # The async driver bounds the wait (a stalled server); the socket timeout, the sync one.
+                # Never waited for past the call's deadline, whatever Redis does (a stalled server).
                 popped = yield Command(methodcaller("blmpop", block, 1, self.call.reply_key, direction="LEFT",
-                                                    count=POP_COUNT), bound=block + 2.0)
+                                                    count=POP_COUNT), until=min(self.until, time.monotonic() + block + 2.0))
             except BrokerUnavailable as exc:
+                if self.call.expired():
+                    raise self.timed_out() from None
                 yield Pause(self.broker_failed(exc))
                 continue
             self.failures = 0
@@ -105,11 +120,12 @@ class _StreamState:
         self.closed = True
         mark = (methodcaller("set", self.control_key, CANCELLED, px=self.control_ttl_ms) if not self.reader.done
                 else methodcaller("delete", self.control_key))
+        until = time.monotonic() + CLOSE_WAIT  # leaving waits for Redis that long at most
         try:
-            yield pipeline(mark, methodcaller("delete", self.call.reply_key))
+            yield pipeline(mark, methodcaller("delete", self.call.reply_key), until=until)
             withdraw = self.withdraw_args()
             if withdraw is not None:
-                yield Command(lambda r: scripts(r).cancel(**withdraw))
+                yield Command(lambda r: scripts(r).cancel(**withdraw), until=until)
         except (redis.RedisError, BrokerUnavailable, Overloaded):
             pass  # best effort: the control key's TTL ends the generation, the reply list's TTL the rest
 
@@ -168,23 +184,29 @@ class ChunkStream:
     """
 
     def __init__(self, client: RedisClient, calls: CallFactory, item: Any, timeout: float | None,
-                 priority: int = 0, tenant: str | None = None) -> None:
+                 priority: int = 0, tenant: str | None = None, admit: Callable[[Call], Call] | None = None) -> None:
         self._redis = client
         self._state = _StreamState(calls, item, timeout, priority, tenant)
+        if admit is not None:  # the streamer's worker gate (NoLiveWorker, or a cold start's timeout)
+            self._state.call = admit(self._state.call)
         self._enqueue()
 
     def _enqueue(self) -> None:
         state = self._state
         with call_errors(self._redis_url):
             # Marked first: the worker reads the mark when it takes the item.
-            self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
+            self._within(lambda: self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms))
             script = scripts(self._redis).enqueue_calls
             try:
-                state.enqueued(script(**state.enqueue_args()))
+                state.enqueued(self._within(lambda: script(**state.enqueue_args())))
             except RStreamerError:
                 self._redis.delete(state.control_key)
                 raise
         state.started = True
+
+    def _within(self, command: Callable[[], Any]) -> Any:
+        """``command()`` (a Redis command), waited for no later than the call's deadline."""
+        return call_within(command, self._state.until, self._state.timed_out)
 
     @property
     def _redis_url(self) -> str:
@@ -229,17 +251,21 @@ class AsyncChunkStream:
     """
 
     def __init__(self, client: AsyncRedis | AsyncRedisCluster, calls: CallFactory, item: Any,
-                 timeout: float | None, priority: int = 0, tenant: str | None = None) -> None:
+                 timeout: float | None, priority: int = 0, tenant: str | None = None,
+                 admit: Callable[[Call], Awaitable[Call]] | None = None) -> None:
         self._redis = client
         self._state = _StreamState(calls, item, timeout, priority, tenant)
+        self._admit = admit
 
     async def _enqueue(self) -> None:
         state = self._state
+        if self._admit is not None:  # the streamer's worker gate (NoLiveWorker, or a cold start's timeout)
+            state.call = await self._admit(state.call)
         with call_errors(state.calls.url):
-            await self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms)
+            await self._within(self._redis.set(state.control_key, STREAMED, px=state.control_ttl_ms))
             script = scripts(self._redis).enqueue_calls
             state.started = True  # from here, leaving cancels
-            reply = await script(**state.enqueue_args())
+            reply = await self._within(script(**state.enqueue_args()))
             try:
                 state.enqueued(reply)
             except RStreamerError:  # refused: nothing was enqueued, so nothing to cancel
@@ -247,6 +273,13 @@ class AsyncChunkStream:
                 with contextlib.suppress(redis.RedisError):
                     await self._redis.delete(state.control_key)
                 raise
+
+    async def _within(self, command: Awaitable[Any]) -> Any:
+        """``await command`` (a Redis command), no later than the call's deadline."""
+        try:
+            return await asyncio.wait_for(command, max(0.0, self._state.until - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise self._state.timed_out() from None
 
     def __aiter__(self) -> AsyncChunkStream:
         return self

@@ -1,6 +1,7 @@
 """RedisStreamer: the web side of the Redis transport."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,9 +13,13 @@ from ..settings import ClientSettings
 from ..wire.published import published_levels, published_quotas
 from .base import BaseStreamer
 from .coalescer import Coalescer
-from .core import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, CallFactory
+from .core import CLIENT_RETRIES, MAX_CONNECTIONS, SOCKET_TIMEOUT, Call, CallFactory
 from .future import Future, RedisFuture
+from .gate import WorkerGate, read_gate
 from .streams import ChunkStream
+
+INTERRUPT_WITHDRAW_WAIT = 0.5
+"""The longest ``predict()`` interrupted by Ctrl-C waits for its call's withdrawal from Redis."""
 
 
 class RedisStreamer(BaseStreamer):
@@ -24,6 +29,11 @@ class RedisStreamer(BaseStreamer):
     by default ``RSTREAMER_REDIS_URL``, else localhost. ``prefix`` defaults to
     ``RSTREAMER_PREFIX``, else ``default``. Safe to share between threads; create one per
     process (after fork). Every call returns within its timeout, whatever Redis does.
+
+    A call to a prefix that no live worker serves raises NoLiveWorker at once, naming the
+    prefixes the Redis knows, unless ``settings.cold_start_wait`` (``RSTREAMER_COLD_START_WAIT``)
+    lets it wait for a worker to start; ``gate`` decides (default:
+    ``WorkerGate.for_settings(prefix, settings)``, see :mod:`rstreamer.client.gate`).
     """
 
     def __init__(
@@ -34,11 +44,13 @@ class RedisStreamer(BaseStreamer):
         timeout: float | None = None,
         max_queue: int | None = None,
         settings: ClientSettings | None = None,
+        gate: WorkerGate | None = None,
     ) -> None:
         self.calls = CallFactory(redis_broker, prefix, timeout, max_queue, settings)
         self.settings, self.url, self.keys = self.calls.settings, self.calls.url, self.calls.keys
         self.redis = create_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                   max_connections=MAX_CONNECTIONS)
+        self.gate = gate or WorkerGate.for_settings(self.keys.prefix, self.settings)
         self._coalescer = Coalescer(self.redis, self.url, self.calls)
         self.jobs = JobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes,
                               max_queue=self.settings.max_queue)
@@ -57,9 +69,16 @@ class RedisStreamer(BaseStreamer):
     def predict(self, batch: list[Any], timeout: float | None = None, *, priority: int = 0,
                 tenant: str | None = None) -> list[Any]:
         """Return one output per item of ``batch``, in order (``priority`` and ``tenant`` as in
-        :meth:`submit`)."""
+        :meth:`submit`). Interrupted (Ctrl-C: KeyboardInterrupt), it withdraws the call, as
+        ``future.cancel()`` does, before the interrupt goes on."""
         # patient: the thread parks once, from enqueue to answer, not once for each.
-        return self._submit(batch, timeout, priority, tenant, patient=True).result()
+        future = self._submit(batch, timeout, priority, tenant, patient=True)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            # Ctrl-C: withdraw the call before the program ends (the I/O threads end with it).
+            self._coalescer.withdraw_now(future, INTERRUPT_WITHDRAW_WAIT)
+            raise
 
     def stream(self, item: Any, timeout: float | None = None, *, priority: int = 0,
                tenant: str | None = None) -> ChunkStream:
@@ -73,11 +92,17 @@ class RedisStreamer(BaseStreamer):
         workers do not serve and RateLimited when ``tenant`` is over its quota. See
         docs/streaming.md.
         """
-        return ChunkStream(self.redis, self.calls, item, timeout, priority, tenant)
+        return ChunkStream(self.redis, self.calls, item, timeout, priority, tenant, admit=self._admit)
+
+    def _admit(self, call: Call) -> Call:
+        """``call`` as it may be enqueued, or NoLiveWorker (see :mod:`rstreamer.client.gate`)."""
+        cold = self.gate.admit(functools.partial(read_gate, self.redis, self.keys), call.expires_at)
+        return self.calls.cold(call, self.gate.cold_start_wait) if cold else call
 
     def _submit(self, batch: list[Any], timeout: float | None, priority: int, tenant: str | None,
                 patient: bool) -> RedisFuture:
-        future = RedisFuture(self.calls.new_call(list(batch), timeout, priority, tenant))
+        call = self.calls.new_call(list(batch), timeout, priority, tenant)
+        future = RedisFuture(self._admit(call) if call.payloads else call)
         if future.call.payloads:
             self._coalescer.enqueue(future, patient)
         return future

@@ -52,6 +52,9 @@ RETRY_PAUSE = 0.5
 PIPELINE_ROUND = 32
 """Most commands an upload sends in one pipeline round trip."""
 RETRIED = (BrokerUnavailable, redis.ConnectionError, redis.TimeoutError)
+STALL_MARGIN = 0.25
+"""Seconds past a wait's deadline a Redis command may take before the waiter stops waiting for it
+(a stalled Redis answers at its socket timeout; issue 22, defect 7)."""
 """The failures a wait rides out (a Redis restart), within its deadline."""
 
 Client = TypeVar("Client")
@@ -170,12 +173,13 @@ class JobFlows:
         """Until the job has finished; raises StreamerTimeout after ``timeout`` seconds, JobNotFound
         when it expires meanwhile, and rides out a Redis restart."""
         deadline = wait_deadline(timeout)
+        until = deadline.expires_at + STALL_MARGIN  # no command is waited for past the deadline
         last = b"0-0"
         log = self.keys.job_log(job_id)
         while True:
             try:
                 fields, tail = yield pipeline(methodcaller("hgetall", self.keys.job(job_id)),
-                                              methodcaller("xrevrange", log, count=1), transaction=True)
+                                              methodcaller("xrevrange", log, count=1), transaction=True, until=until)
                 state = parse_info(job_id, fields).state
                 last = tail[0][0] if tail else last
                 if state.finished:
@@ -183,7 +187,7 @@ class JobFlows:
                 block = deadline.block_ms()
                 if block is None:
                     raise not_finished(job_id, timeout)
-                yield command("xread", {log: last}, count=1, block=block)
+                yield Command(methodcaller("xread", {log: last}, count=1, block=block), until=until)
             except RETRIED as exc:
                 pause = min(RETRY_PAUSE, deadline.remaining())
                 if pause <= 0:
@@ -222,7 +226,13 @@ class JobFlows:
             block = cursor.deadline.block_ms()
             if block is None:
                 raise not_finished(job_id, cursor.timeout)
-            reply = yield command("xread", {log: cursor.last}, count=100, block=block)
+            try:  # never waited for past the deadline, whatever Redis does
+                reply = yield Command(methodcaller("xread", {log: cursor.last}, count=100, block=block),
+                                      until=cursor.deadline.expires_at + STALL_MARGIN)
+            except BrokerUnavailable:
+                if cursor.deadline.expired():
+                    raise not_finished(job_id, cursor.timeout) from None
+                raise
             cursor.pending.extend(entry for _, entries in (reply or []) for entry in entries)
             if not cursor.pending:
                 info = yield from self.info(job_id)

@@ -33,7 +33,7 @@ import msgpack
 
 from ..batching.batcher import Failure, Outcome
 from ..codec import core as codec
-from ..errors import DecodeError, EncodeError, FailureKind, InvalidPriority, Overloaded, RateLimited
+from ..errors import CallTooLarge, DecodeError, EncodeError, FailureKind, InvalidPriority, Overloaded, RateLimited
 from .keys import Keys, is_answer_token
 
 WIRE_VERSION = 2
@@ -229,12 +229,14 @@ class Verdict:
         return self.reason == 0
 
     def error(self, prefix: str, limits: QueueLimits, priority: int = 0,
-              tenant: str | None = None) -> Overloaded | InvalidPriority | RateLimited:
-        """The error of a refused call (``priority``, ``tenant``: the call's)."""
+              tenant: str | None = None) -> Overloaded | InvalidPriority | RateLimited | CallTooLarge:
+        """The error of a refused call (``priority``, ``tenant``: the call's). A call larger than
+        its tenant's burst can never fit, however long it waits: CallTooLarge (413), not
+        RateLimited (429, which invites a retry; issue 22, friction 10)."""
         if self.reason == 5:
             if self.detail < 0:
-                return RateLimited(f"tenant {tenant!r} sends a call larger than its burst of {self.limit} items "
-                                   f"on prefix {prefix!r}: split it", retry_after=0.0)
+                return CallTooLarge(f"a call of tenant {tenant!r} is larger than its burst of {self.limit} items "
+                                    f"on prefix {prefix!r}: split it into calls of at most {self.limit} items")
             return RateLimited(f"tenant {tenant!r} is over its quota on prefix {prefix!r} (burst {self.limit} "
                                f"items); retry in {self.detail / 1000:.3f}s", retry_after=self.detail / 1000)
         if self.reason == 4:

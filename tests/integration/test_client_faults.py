@@ -103,6 +103,62 @@ def test_sync_calls_return_within_their_timeout_while_redis_is_stalled(private_r
         assert seconds < timeout + GRACE, f"{name} returned after {seconds:.1f}s (timeout {timeout}s)"
 
 
+def test_streams_and_job_waits_end_within_their_timeout_while_redis_is_stalled(private_redis, prefix):
+    # Issue 22, defect 7: predict() was bounded, these ran to the socket timeout (5 s) or twice it.
+    timeout = 1.0
+    client = redis.Redis.from_url(private_redis.url)
+    streamer = RedisStreamer(private_redis.url, prefix, timeout=30)
+    calls = Outcomes()
+    try:
+        in_progress = streamer.stream({"n": 2}, timeout=timeout)  # enqueued; nobody answers
+        job = streamer.submit_job([1, 2, 3])
+        _signal(private_redis, signal.SIGSTOP)
+        calls.start("a stream in progress", lambda: list(in_progress))
+        calls.start("a stream started during the stall", lambda: list(streamer.stream({"n": 2}, timeout=timeout)))
+        calls.start("job.wait", lambda: job.wait(timeout=timeout))
+        calls.start("job.as_completed", lambda: list(job.as_completed(timeout=timeout)))
+        results = calls.join(timeout + 10)
+    finally:
+        _signal(private_redis, signal.SIGCONT)
+        streamer.close()
+        client.close()
+    for name, (outcome, seconds) in results.items():
+        assert isinstance(outcome, StreamerTimeout), (name, outcome)
+        assert seconds < timeout + GRACE + 0.25, f"{name} ended after {seconds:.1f}s (timeout {timeout}s)"
+
+
+def test_async_streams_and_job_waits_end_within_their_timeout_while_redis_is_stalled(private_redis, prefix):
+    timeout = 1.0
+
+    async def timed(call: Any) -> tuple[Any, float]:
+        started = time.monotonic()
+        try:
+            outcome = await call
+        except RStreamerError as exc:
+            outcome = exc
+        return outcome, time.monotonic() - started
+
+    async def drain(stream: Any) -> list[Any]:
+        return [chunk async for chunk in stream]
+
+    async def scenario() -> list[tuple[Any, float]]:
+        async with AsyncRedisStreamer(private_redis.url, prefix, timeout=30) as streamer:
+            in_progress = streamer.stream({"n": 2}, timeout=timeout)
+            await in_progress.__aenter__()  # enqueued; nobody answers
+            job = await streamer.submit_job([1, 2, 3])
+            _signal(private_redis, signal.SIGSTOP)
+            try:
+                calls = [drain(in_progress), drain(streamer.stream({"n": 2}, timeout=timeout)),
+                         job.wait(timeout=timeout)]
+                return await asyncio.wait_for(asyncio.gather(*(timed(call) for call in calls)), timeout + 10)
+            finally:
+                _signal(private_redis, signal.SIGCONT)
+
+    for outcome, seconds in asyncio.run(scenario()):
+        assert isinstance(outcome, StreamerTimeout), outcome
+        assert seconds < timeout + GRACE + 0.25, f"ended after {seconds:.1f}s (timeout {timeout}s)"
+
+
 def test_async_calls_return_within_their_timeout_while_redis_is_stalled(private_redis, prefix):
     timeout = 2.0
     client = redis.Redis.from_url(private_redis.url)

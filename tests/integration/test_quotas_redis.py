@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from rstreamer import AsyncRedisStreamer, ConfigError, Overloaded, RateLimited, RedisStreamer
+from rstreamer import AsyncRedisStreamer, CallTooLarge, ConfigError, Overloaded, RateLimited, RedisStreamer
 from rstreamer.batching.priority import Levels
 from rstreamer.batching.quotas import Quotas
 from rstreamer.wire.groups import ensure_groups
@@ -37,9 +37,8 @@ def test_a_tenant_over_its_quota_is_refused_and_others_are_not(redis_client, red
         streamer.submit([0] * 50)  # no tenant: no quota
         streamer.submit([0] * 50, tenant="vip")  # rate 0: exempt
         streamer.submit([0] * 50, tenant="big")  # its own, larger quota
-        with pytest.raises(RateLimited, match="larger than its burst of 5 items") as too_big:
+        with pytest.raises(CallTooLarge, match="larger than its burst of 5 items"):  # never fits: not a 429
             streamer.submit([0] * 6, tenant="late")
-        assert too_big.value.retry_after == 0
         wait_until(lambda: _accepted(streamer, "flood"), timeout=10, what="the bucket to refill")
         assert redis_client.xlen(quoted.requests) == 3 + 5 + 50 + 50 + 50 + 1
         assert 0 < redis_client.pttl(quoted.bucket("flood")) <= 3500, "a bucket expires once it would be full again"
@@ -95,3 +94,18 @@ def test_web_apps_answer_429_with_retry_after(redis_url, prefix, workers, web, s
     other = server.client.post("/predict", json={"inputs": [1]}, headers={"X-Tenant": "other"})
     assert other.status_code == 200 and other.json() == {"outputs": [2]}
     assert server.predict([3]).json() == {"outputs": [6]}, "no tenant: no quota"
+
+
+@pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
+def test_a_web_call_larger_than_its_tenant_s_burst_is_413_without_retry_after(prefix, workers, web, server_kind):
+    # Issue 22, friction 10: it was a 429 with Retry-After: 1, an invitation to retry a call that
+    # can never fit.
+    workers.start(prefix, settings={"tenant_quotas": "trial=0.001:2"})
+    server = getattr(web, server_kind)(prefix)
+    too_big = server.client.post("/predict", json={"inputs": [1, 2, 3]}, headers={"X-Tenant": "trial"})
+    assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "CallTooLarge"
+    assert "burst of 2 items" in too_big.json()["error"]["message"] and "retry-after" not in too_big.headers
+    fits = server.client.post("/predict", json={"inputs": [1, 2]}, headers={"X-Tenant": "trial"})
+    assert fits.status_code == 200 and fits.json() == {"outputs": [2, 4]}
+    over = server.client.post("/predict", json={"inputs": [1]}, headers={"X-Tenant": "trial"})
+    assert over.status_code == 429 and over.headers["retry-after"], "over its quota: a retry later fits"

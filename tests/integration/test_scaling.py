@@ -86,6 +86,7 @@ def scale_from_zero(exporter: Exporter, workers, prefix: str) -> None:
     workers.start(prefix)
 
 
+@pytest.mark.gated  # the client's own gate lets the call wait (RSTREAMER_COLD_START_WAIT)
 def test_a_call_waits_for_a_fleet_woken_from_zero_and_is_answered(redis_url, prefix, workers, exporter,
                                                                     monkeypatch):
     monkeypatch.setenv("RSTREAMER_COLD_START_WAIT", "60")

@@ -382,7 +382,7 @@ def test_the_web_app_imports_without_torch():
                "        if name.split('.')[0] in ('torch', 'sentence_transformers', 'transformers'):\n"
                "            raise ImportError(name + ' is not in the web image')\n"
                "sys.meta_path.insert(0, NoTorch())\n"
-               "import webapp.app, webapp.asgi, webapp.gate, webapp.load, rstreamer\n"
+               "import webapp.app, webapp.asgi, webapp.config, webapp.load, rstreamer\n"
                "webapp.app.create_app(); webapp.asgi.create_app()\n"
                "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", blocker], cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 
 import pytest
@@ -124,14 +125,22 @@ def test_an_error_the_flow_does_not_catch_reaches_the_caller():
 def test_a_bounded_command_that_does_not_answer_is_a_broker_error_in_the_flow():
     def stalled() -> Flow[str]:
         try:
-            yield Command(lambda client: client.hang(), bound=0.05)
+            yield Command(lambda client: client.hang(), until=time.monotonic() + 0.05)
         except BrokerUnavailable as exc:
             return str(exc)
         return "answered"
 
     started = time.monotonic()
     assert asyncio.run(arun(stalled(), AsyncClerk(), contextlib.nullcontext)).startswith("Redis did not answer")
+    assert run(stalled(), StalledClerk(), contextlib.nullcontext).startswith("Redis did not answer")
     assert time.monotonic() - started < 5
+
+
+class StalledClerk(Clerk):
+    """A sync client whose server stopped answering (a SIGSTOPped Redis, until its socket timeout)."""
+
+    def hang(self) -> None:
+        threading.Event().wait(30)
 
 
 def test_a_shielded_command_finishes_when_the_task_is_cancelled():

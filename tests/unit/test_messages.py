@@ -327,10 +327,10 @@ def test_enqueue_keys_are_the_levels_then_the_level_keys_up_to_the_highest_prior
     ((5, 2500, 20), 0, "(burst 20 items); retry in 2.500s"),
     ((4, 2, 0), 3, "priority 3 is not served on prefix 'p': its workers serve levels 0-1"),
     ((5, 250, 20), 0, "tenant 't' is over its quota on prefix 'p' (burst 20 items); retry in 0.250s"),
-    ((5, -1, 20), 0, "larger than its burst of 20 items"),
+    ((5, -1, 20), 0, "larger than its burst of 20 items on prefix 'p': split it into calls of at most 20"),
 ])
 def test_a_refusal_says_why(verdict, priority, words):
-    from rstreamer.errors import InvalidPriority, Overloaded, RateLimited
+    from rstreamer.errors import CallTooLarge, InvalidPriority, Overloaded, RateLimited
     from rstreamer.wire.messages import Admission, QueueLimits
 
     admission = Admission.parse([2, 0, 0, 0, *verdict, b"1-0", b"1-1"])
@@ -338,9 +338,10 @@ def test_a_refusal_says_why(verdict, priority, words):
     assert admission.ids == (b"1-0", b"1-1")
     error = admission.verdicts[1].error("p", QueueLimits(10, 2000, "workers"), priority, "t")
     assert words in str(error)
-    assert isinstance(error, {4: InvalidPriority, 5: RateLimited}.get(verdict[0], Overloaded))
-    if verdict[0] == 5:
-        assert error.retry_after == max(0, verdict[1]) / 1000
+    kind = CallTooLarge if verdict[:2] == (5, -1) else {4: InvalidPriority, 5: RateLimited}.get(verdict[0], Overloaded)
+    assert isinstance(error, kind)
+    if kind is RateLimited:
+        assert error.retry_after == verdict[1] / 1000
 
 
 def test_a_version_1_reply_carries_the_values_a_version_1_client_can_decode():

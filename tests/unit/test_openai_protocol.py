@@ -12,6 +12,7 @@ import pytest
 from rstreamer import Restarted
 from rstreamer.errors import (
     BrokerUnavailable,
+    CallTooLarge,
     ConfigError,
     DeadLettered,
     InvalidInput,
@@ -126,7 +127,7 @@ def test_a_refusal_a_retry_can_fix_says_when(exc: BaseException, status: int, re
 
 
 @pytest.mark.parametrize("exc, status", [
-    (RateLimited("larger than the burst", 0), 429),  # never fits: retrying cannot help
+    (CallTooLarge("larger than the tenant's burst"), 413),  # never fits: retrying cannot help
     (StreamerTimeout("too slow"), 504),  # the fleet is behind: a retry only adds to its load
     (RemoteError("ValueError", "boom", 0), 500),  # the model fails on this input, again and again
     (DeadLettered("DeadLettered", "poison"), 500),

@@ -90,8 +90,6 @@ def _refused_input(exc: RemoteError) -> OpenAIError:
 def retry_headers(exc: BaseException, status: int) -> Headers:
     """``Retry-After``/``retry-after-ms`` where a retry can succeed later, else ``x-should-retry: false``."""
     if isinstance(exc, RateLimited):
-        if exc.retry_after <= 0:  # larger than the tenant's burst: it never fits
-            return {"x-should-retry": "false"}
         return _after(exc.retry_after)
     if isinstance(exc, _RETRYABLE) or (status == 503 and not isinstance(exc, StreamerTimeout)):
         return _after(RETRY_AFTER_S)

@@ -5,7 +5,7 @@ By default a model's name is its prefix (``model="chat"`` reaches the workers st
 is served when workers heart-beat on its prefix, or when live workers of a shelf can load it
 (docs/shelf.md: the call waits for the load): a name nobody ever served is a 404
 ``model_not_found``, a served one whose workers are all gone a 503 after the grace period (as
-for ``/predict``, see webapp/gate.py). The web apps do the reads; this module decides.
+for ``/predict``, see rstreamer/client/gate.py). The web apps do the reads; this module decides.
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from collections.abc import Callable
 import redis
 
 from rstreamer.broker.connection import RedisClient
+from rstreamer.client.gate import Heartbeats, WorkerGate
 from rstreamer.errors import BrokerUnavailable, ConfigError
 from rstreamer.ops.status import list_prefixes
 from rstreamer.wire.keys import Keys, validate_prefix
 from rstreamer.wire.published import live_workers
 from rstreamer.wire.shelf import read_serving, shelf_prefixes
 
-from ..gate import Heartbeats, WorkerGate
 from .config import OpenAIConfig
 from .errors import OpenAIError, not_found
 
@@ -63,7 +63,7 @@ class ModelDirectory:
         with self._lock:
             gate = self._gates.get(prefix)
             if gate is None:
-                gate = self._gates[prefix] = WorkerGate(prefix, self.dead_after, self.grace)
+                gate = self._gates[prefix] = WorkerGate(prefix, self.dead_after, self.grace, name_known=False)
             return gate
 
     def check(self, name: str, prefix: str, gate: WorkerGate) -> None:

@@ -62,8 +62,10 @@ class OpenAIService(_Common):
         with self._lock:
             streamer = self._streamers.get(prefix)
             if streamer is None:
+                # The directory's gate, which resolve() just read: one reading per prefix.
                 streamer = self._streamers[prefix] = RedisStreamer(self.config.redis_url, prefix,
-                                                                   settings=self.config.client)
+                                                                   settings=self.config.client,
+                                                                   gate=self.directory.gate(prefix))
             return streamer
 
 
@@ -79,7 +81,8 @@ class AsyncOpenAIService(_Common):
         streamer = self._streamers.get(prefix)  # the event loop's thread alone touches it
         if streamer is None:
             streamer = self._streamers[prefix] = AsyncRedisStreamer(self.config.redis_url, prefix,
-                                                                    settings=self.config.client)
+                                                                    settings=self.config.client,
+                                                                    gate=self.directory.gate(prefix))
         return streamer
 
     async def resolve_async(self, model: str) -> str:

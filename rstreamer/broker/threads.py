@@ -1,0 +1,110 @@
+"""Daemon threads for the clients' I/O, which the interpreter never waits for, and
+:func:`call_within`, which bounds a blocking Redis call by a caller's deadline.
+
+``concurrent.futures.ThreadPoolExecutor`` joins its threads when the interpreter exits, so a
+script whose main thread ended (Ctrl-C in ``predict()``) stayed alive while a thread popped a
+reply key, until the item was answered, and a second Ctrl-C printed a traceback from
+concurrent.futures (issue 22, friction 2). The streamer's threads only wait for answers that
+nobody will read once the program ends, so they may simply stop with it; a call interrupted by
+Ctrl-C is withdrawn by its caller's thread before the program ends (see ``RedisStreamer.predict``).
+
+A blocking call of redis-py waits for its socket timeout when Redis stalls (a stopped server, a
+black-holed path), whatever the caller's deadline; :func:`call_within` runs it in one of these
+threads and stops waiting at the deadline (issue 22, defect 7: streams and ``Job.wait``).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
+_Task = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+class DaemonThreads:
+    """Runs tasks in up to ``max_threads`` daemon threads, an idle one first (as
+    ThreadPoolExecutor does: ``submit`` returns a Future, ``shutdown`` refuses new tasks)."""
+
+    def __init__(self, max_threads: int, name: str) -> None:
+        self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._max = max_threads
+        self._name = name
+        self._started = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` in a thread; raises RuntimeError after :meth:`shutdown`."""
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot run new tasks after shutdown")
+            self._tasks.put((future, fn, args))
+            if not self._idle.acquire(blocking=False) and self._started < self._max:
+                self._started += 1
+                threading.Thread(target=self._work, name=f"{self._name}_{self._started}", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            future, fn, args = task
+            del task
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # noqa: BLE001 - the Future carries it, as in ThreadPoolExecutor
+                    future.set_exception(exc)
+            del future, fn, args
+            self._idle.release()
+
+    def shutdown(self, cancel_futures: bool = True) -> None:
+        """Refuse new tasks, cancel the queued ones (if ``cancel_futures``) and let each thread end
+        after its current task."""
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                while True:
+                    try:
+                        task = self._tasks.get_nowait()
+                    except queue.Empty:
+                        break
+                    if task is not None:
+                        task[0].cancel()
+            for _ in range(self._started):
+                self._tasks.put(None)
+
+
+_BOUNDED = DaemonThreads(256, "rstreamer-bounded")
+
+
+def call_within(fn: Callable[[], T], until: float, timed_out: Callable[[], BaseException]) -> T:
+    """``fn()``, waited for until the monotonic time ``until`` at most; raises ``timed_out()``
+    then (``fn`` goes on in its thread and ends at its socket timeout). ``until`` infinite: ``fn()``
+    runs in the caller's thread. An error of ``fn`` is raised as is."""
+    if until == float("inf"):
+        return fn()
+    # An Event, not the Future's own wait: Ctrl-C meanwhile shows the caller's code in its
+    # traceback, not concurrent.futures's.
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    _BOUNDED.submit(run)
+    if not done.wait(max(0.0, until - time.monotonic())):
+        raise timed_out()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return cast(T, value)
