@@ -243,8 +243,6 @@ class AsyncFuture(BaseFuture):
     def __init__(self, call: Call) -> None:
         super().__init__(len(call.payloads), call.timeout, call.deadline)
         self.call = call
-        # The call's own deadline: the time its admission took (rstreamer.client.gate) counts.
-        self.deadline, self._deadline_mono = call.deadline, call.expires_at
         self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
         self._settled_event = asyncio.Event()
 

@@ -101,8 +101,8 @@ class _StreamState:
             try:
                 # Every message waiting in one pop: a slow reader catches up in one round trip.
                 # Never waited for past the call's deadline, whatever Redis does (a stalled server).
-                popped = yield Command(methodcaller("blmpop", block, 1, self.call.reply_key, direction="LEFT",
-                                                    count=POP_COUNT), until=min(self.until, time.monotonic() + block + 2.0))
+                pop = methodcaller("blmpop", block, 1, self.call.reply_key, direction="LEFT", count=POP_COUNT)
+                popped = yield Command(pop, until=min(self.until, time.monotonic() + block + 2.0))
             except BrokerUnavailable as exc:
                 if self.call.expired():
                     raise self.timed_out() from None
