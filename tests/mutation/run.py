@@ -81,7 +81,7 @@ MUTATIONS = [
     Mutation("async-reply-delete", "aclient", "            await self._delete(call.reply_key)", "            pass",
              (f"{ASYNC}::test_a_caller_that_times_out_deletes_its_reply_key",)),
     # SIGTERM's watchdog never ends a drain whose batch never ends.
-    Mutation("drain-watchdog", "worker", "threading.Timer(self.settings.drain_timeout, os._exit",
+    Mutation("drain-watchdog", "worker", "threading.Timer(self._drain_timeout, os._exit",
              "threading.Timer(3600.0, os._exit",
              (f"{HARDENING}::test_a_drain_whose_batch_never_ends_exits_1_after_drain_timeout_and_its_entries_are_reclaimed",)),
     # No webhook sender takes over the deliveries of a dead one.
