@@ -184,7 +184,7 @@ def test_expired_item_is_not_run_and_its_reply_key_is_removed(redis_client, redi
     # is what guards the entries of a caller that could not: a web process SIGKILLed mid-call.
     log = tmp_path / "runs.log"
     keys = Keys(prefix)
-    caller = workers.start_caller(prefix, [1], timeout=1.0)
+    caller = workers.start_caller(prefix, [1], timeout=1.0, cold_start_wait=1.0)  # no worker yet: it waits
     entries = wait_until(lambda: redis_client.xrange(keys.requests), what="the caller's entry")
     caller.kill()
     caller.wait(timeout=10)

@@ -51,13 +51,18 @@ class WorkerProcesses:
         return proc
 
     def start_caller(self, prefix: str, items: list[Any] | None = None, timeout: float = 20.0,
-                     stream_item: Any = None) -> subprocess.Popen[bytes]:
+                     stream_item: Any = None, cold_start_wait: float = 0.0) -> subprocess.Popen[bytes]:
         """A client call in its own process (support/run_caller.py), to be SIGKILLed mid-call: a
-        dead caller withdraws nothing. Its stdout (a pipe) has a line per chunk of a stream."""
+        dead caller withdraws nothing. Its stdout (a pipe) has a line per chunk of a stream.
+        ``cold_start_wait``: its RSTREAMER_COLD_START_WAIT (a call to a prefix no worker serves yet
+        is refused at once without one)."""
         spec = {"url": self.url, "prefix": prefix, "timeout": timeout, "items": items,
                 "stream": stream_item is not None, "item": stream_item}
+        env = test_env()
+        if cold_start_wait:
+            env["RSTREAMER_COLD_START_WAIT"] = str(cold_start_wait)
         proc = subprocess.Popen([sys.executable, str(TESTS / "support" / "run_caller.py"), json.dumps(spec)],
-                                env=test_env(), start_new_session=True,
+                                env=env, start_new_session=True,
                                 stdout=subprocess.PIPE if stream_item is not None else subprocess.DEVNULL)
         self.procs.append(proc)
         return proc
