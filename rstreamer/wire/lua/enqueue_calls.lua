@@ -48,19 +48,21 @@ for c = 1, calls do
 end
 integer(last, 0, #ARGV, 'number of payloads')
 local levels, bounds, fair = published_levels(KEYS[1])
-local quotas = published_quotas(KEYS[2])
-local now_ms = server_ms()
+-- Only what a call uses is read: the quotas when a call names a tenant, the clock when an age,
+-- a bucket or a held item needs it (a lone call on an idle prefix: GET, XLEN and XADD; issue 26).
+local quotas = tenants > 0 and published_quotas(KEYS[2])
+local clock = lazy_clock()
 local backlog, undelivered, age, queued_bytes = {}, {}, {}, 0
 for l = 1, streams do
   local lk, bytes = level_keys(3 + tenants, l), 0
-  backlog[l], undelivered[l], age[l], bytes = level_queue(lk, group, fair, max_bytes > 0, now_ms)
+  backlog[l], undelivered[l], age[l], bytes = level_queue(lk, group, fair, max_bytes > 0, clock)
   queued_bytes = queued_bytes + bytes
 end
 local function tenant_name(number) return number > 0 and ARGV[8 + number] or '' end
 -- tenant number -> its bucket (tokens refilled to now), read once per script
 local buckets = {}
 local function bucket(number)
-  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[8 + number], KEYS[2 + number], now_ms)
+  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[8 + number], KEYS[2 + number], clock())
   return buckets[number]
 end
 local traced = payload
@@ -95,13 +97,13 @@ for c = 1, calls do
     else limit = 0 end
   end
   if reason == 0 then
-    if b then take(b, size, now_ms) end
+    if b then take(b, size, clock()) end
     local function fields_of(k)
       return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
     end
     local added
     added, undelivered[level + 1] = add(level_keys(3 + tenants, level + 1), fair, tenant_name(tenant), token, index,
-                                        size, fields_of, remaining, undelivered[level + 1], now_ms)
+                                        size, fields_of, remaining, undelivered[level + 1], fair and clock() or 0)
     for _, id in ipairs(added) do ids[#ids + 1] = id end
     backlog[level + 1] = backlog[level + 1] + size
     queued_bytes = queued_bytes + bytes
