@@ -26,6 +26,8 @@ LevelEntry = tuple[int, Entry]
 class EntrySource(Protocol):
     """A source of one stream's entries (the worker's StreamSource)."""
 
+    fresh: bool  # whether the last fetch's entries were delivered new
+
     def fetch(self, max_items: int, timeout: float) -> list[Entry]:
         """Up to ``max_items`` entries, blocking up to ``timeout`` s for the first."""
 
@@ -38,6 +40,11 @@ class SingleLevel:
 
     def __init__(self, source: EntrySource) -> None:
         self.source = source
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the last fetch's entries were delivered new (XREADGROUP '>'), not served again."""
+        return self.source.fresh
 
     def fetch(self, max_items: int, timeout: float) -> list[LevelEntry]:
         """The plain source's entries, each tagged with level 0."""
@@ -56,6 +63,10 @@ class LevelSource:
     newest the script saw, then READ_LEVELS runs again. After a failed reply (:meth:`rewind`)
     this consumer's own unacked entries are served again first, level by level.
     """
+
+    fresh = False
+    """Its entries are never taken as new: with fair sharing, a withdrawal of an item moved to its
+    stream is marked before any worker reads it (see wire/lua/cancel.lua)."""
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels) -> None:
         self._client = client
