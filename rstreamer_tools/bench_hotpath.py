@@ -201,9 +201,23 @@ def worker(url: str, prefix: str, args: argparse.Namespace, extra: Sequence[str]
     try:
         with RedisStreamer(url, prefix) as streamer:
             wait_for_live_workers(streamer.redis, streamer.keys, 1, timeout=120)
+        settle(process.pid)
         yield process.pid
     finally:
         stop_group(process, grace=10)
+
+
+def settle(pid: int, quiet: float = 0.05, timeout: float = 30.0) -> None:
+    """Wait until the worker tree has finished starting (its heartbeat process imports for a
+    while after the first beat): less than ``quiet`` CPU seconds in half a second."""
+    deadline = time.monotonic() + timeout
+    last = tree_cpu(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = tree_cpu(pid)
+        if now - last < quiet:
+            return
+        last = now
 
 
 def idle_job(streamer: RedisStreamer) -> None:
@@ -285,7 +299,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-latency", type=float, default=0.05)
     parser.add_argument("--callers", type=int, default=64, help="concurrent callers of the load phases")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of the measured load phase")
-    parser.add_argument("--lone-calls", type=int, default=500, help="calls of the lone-caller phase")
+    parser.add_argument("--lone-calls", type=int, default=1000, help="calls of the lone-caller phase")
     parser.add_argument("--rounds", type=int, default=3, help="alternating A/B rounds (0: no A/B)")
     parser.add_argument("--ab-seconds", type=float, default=3.0, help="seconds of each A/B load")
     parser.add_argument("--output", default="bench-output", help="folder for bench-hotpath.json")
