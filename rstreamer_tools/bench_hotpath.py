@@ -226,17 +226,25 @@ def idle_job(streamer: RedisStreamer) -> None:
     job.wait(timeout=60)
 
 
-def a_b(streams: dict[str, RedisStreamer], args: argparse.Namespace) -> list[Row]:
-    """Alternating rounds of each prefix under load; medians of items/s."""
+def a_b(streams: dict[str, tuple[RedisStreamer, Meter]], args: argparse.Namespace) -> list[Row]:
+    """Alternating rounds of each prefix under load; medians of items/s and of the per item costs
+    (the worker's: that prefix's worker)."""
     rounds: dict[str, list[Row]] = {name: [] for name in streams}
     for _ in range(args.rounds):
-        for name, streamer in streams.items():
-            rounds[name].append(load(streamer, None, args.callers, args.ab_seconds, name))
+        for name, (streamer, meter) in streams.items():
+            rounds[name].append(load(streamer, meter, args.callers, args.ab_seconds, name))
     rows = []
     for name, measured in rounds.items():
-        rate = statistics.median(r.items_per_s for r in measured)
-        rows.append(Row(name, sum(r.items for r in measured), sum(r.seconds for r in measured), rate,
-                        p50_ms=statistics.median(r.p50_ms or 0 for r in measured)))
+        def median(attribute: str, rows: list[Row] = measured) -> float:
+            return statistics.median(getattr(r, attribute) or 0.0 for r in rows)
+
+        row = Row(name, sum(r.items for r in measured), sum(r.seconds for r in measured), median("items_per_s"),
+                  median("client_us"), median("worker_us"), median("redis_us"), median("commands"),
+                  median("p50_ms"), median("p99_ms"))
+        every = {command for r in measured for command in r.by_command}
+        row.by_command = {c: statistics.median(r.by_command.get(c, 0.0) for r in measured) for c in every}
+        row.by_command = dict(sorted(row.by_command.items(), key=lambda kv: -kv[1]))
+        rows.append(row)
     return rows
 
 
@@ -254,12 +262,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(lone(streamer, meter, args.lone_calls, "lone caller"))
         rows.append(load(streamer, meter, args.callers, args.duration, f"{args.callers} callers"))
         if args.rounds:
-            streams = {"bare": streamer}
+            streams = {"bare": (streamer, meter)}
             for name, extra in (("lanes idle", LANES), ("lanes idle + fair", [*LANES, "--tenant-sharing", "fair"])):
                 prefix = f"{name.split()[-1]}-{uuid.uuid4().hex[:6]}"
-                stack.enter_context(worker(url, prefix, args, extra))
-                streams[name] = stack.enter_context(RedisStreamer(url, prefix))
-                idle_job(streams[name])
+                lane_pid = stack.enter_context(worker(url, prefix, args, extra))
+                lanes = stack.enter_context(RedisStreamer(url, prefix))
+                idle_job(lanes)
+                streams[name] = (lanes, Meter(probe, lane_pid))
             ab = a_b(streams, args)
         else:
             ab = []
@@ -285,7 +294,11 @@ def format_report(document: dict[str, Any]) -> str:
         lines.append(f"A/B, {document['options']['callers']} callers, median of {document['options']['rounds']} "
                      "alternating rounds:")
         lines += [f"  {r['name']:<18} {r['items_per_s']:8,.0f} items/s  {r['items_per_s'] / base - 1:+6.1%}  "
-                  f"p50 {r['p50_ms']:.2f} ms" for r in ab]
+                  f"p50 {r['p50_ms']:.2f} ms; per item µs: client {r['client_us']:.1f}, worker {r['worker_us']:.1f}, "
+                  f"Redis {r['redis_us']:.1f}; {r['commands']:.2f} commands" for r in ab]
+        for r in ab:
+            top = ", ".join(f"{name} {calls:.2f}" for name, calls in list(r["by_command"].items())[:12])
+            lines.append(f"commands per item, {r['name']}: {top}")
     machine = document["machine"]
     lines.append(f"{machine['cpus']} CPUs, load average {machine['load_before'][0]:.2f} before, "
                  f"{machine['load_after'][0]:.2f} after")

@@ -5,7 +5,7 @@ cancelled or its web client disconnects. The CANCEL script (one step, atomic) de
 entry of the call that no worker has read yet, so none of them is ever run, and marks in the
 token's cancellation set (``keys.cancelled``) the indexes of those a worker already holds. A
 worker checks the sets of its batch's tokens just before predict (:func:`cancelled_items`; not
-for a plain prefix's batch delivered new less than a millisecond before, see
+for a batch of a prefix without fair sharing delivered new less than a millisecond before, see
 rstreamer.worker.loop.FRESH_DELIVERY) and acks the marked items without running them; items
 marked after predict started run, but when
 their token was withdrawn whole (``*``) FINISH drops the replies, and the caller's future drops

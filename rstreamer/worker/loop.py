@@ -507,7 +507,7 @@ class RedisWorker:
 
         ``delivered``: when the oldest of them was delivered new (0: not known). A withdrawal
         before delivery deletes the entry, so a batch delivered new less than FRESH_DELIVERY ago
-        has had no time to be marked: it is not asked about, which spares a plain prefix's batch
+        has had no time to be marked: it is not asked about, which spares such a batch
         a round trip (issue 26). A mark that comes later is handled as one that comes while the
         model runs: FINISH drops the replies of a caller gone whole.
         """

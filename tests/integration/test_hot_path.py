@@ -60,3 +60,18 @@ def test_a_lone_call_on_a_plain_prefix_probes_nothing_it_does_not_use(private_ur
         assert per_item.get(probe, 0) == 0, (probe, per_item)
     assert per_item.get("get", 0) <= 1.05 and per_item.get("exists", 0) <= 1.05, per_item
     assert per_item.get("time", 0) <= 0.1, per_item
+
+
+def test_idle_lanes_add_no_probe_to_a_call_that_does_not_use_them(private_url):
+    # Three levels and tenant quotas configured; the call names no tenant and goes to level 0.
+    workers = WorkerProcesses(private_url)
+    try:
+        workers.start("lanes", settings={"priorities": "4,2,1", "tenant_rate": 1000.0, "tenant_burst": 1000})
+        per_item = _lone_calls(private_url, "lanes")
+    finally:
+        workers.stop_all()
+    # The quotas are not read (one GET: the levels), no clock without an age or a bucket to weigh
+    # (the worker's reads of a fifo prefix need none either), and no withdrawal check beyond
+    # FINISH's for batches delivered new.
+    assert per_item.get("get", 0) <= 1.05 and per_item.get("exists", 0) <= 1.05, per_item
+    assert per_item.get("time", 0) <= 0.1 and per_item.get("hmget", 0) == 0, per_item
