@@ -75,3 +75,16 @@ def test_idle_lanes_add_no_probe_to_a_call_that_does_not_use_them(private_url):
     # FINISH's for batches delivered new.
     assert per_item.get("get", 0) <= 1.05 and per_item.get("exists", 0) <= 1.05, per_item
     assert per_item.get("time", 0) <= 0.1 and per_item.get("hmget", 0) == 0, per_item
+
+
+def test_a_lone_call_on_an_idle_fair_level_goes_onto_the_stream_without_being_held(private_url):
+    workers = WorkerProcesses(private_url)
+    try:
+        workers.start("fair", settings={"tenant_sharing": "fair"})
+        per_item = _lone_calls(private_url, "fair")
+    finally:
+        workers.stop_all()
+    # Nothing held and nothing undelivered: its turn comes first, so it is not held and moved.
+    assert per_item.get("zadd", 0) == 0, per_item
+    # About 22 in all: fair sharing's reads still ask the held-item queue and reset its clocks.
+    assert sum(per_item.values()) <= 26, str(sorted(per_item.items()))

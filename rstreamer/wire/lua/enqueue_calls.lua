@@ -27,8 +27,9 @@
 -- Counting the more urgent levels' backlog is what makes Overloaded hit the least urgent level
 -- first. A call takes one token per item of its tenant's bucket, only once every other check
 -- has passed. Check and add are one script, so concurrent callers cannot overshoot. With fair
--- sharing the items are held (their ids are then 'token:index') and the backlog counts held
--- items too.
+-- sharing the items are held (their ids are then 'token:index'; a single item for a level that
+-- holds none and has nothing undelivered goes onto the stream at once, see add) and the backlog
+-- counts held items too.
 --- @include "include/admission.lua"
 local max_queue = integer(ARGV[1], 0, math.huge, 'max_queue')
 local max_bytes = integer(ARGV[2], 0, math.huge, 'max_queue_bytes')
@@ -102,8 +103,9 @@ for c = 1, calls do
       return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
     end
     local added
-    added, undelivered[level + 1] = add(level_keys(3 + tenants, level + 1), fair, tenant_name(tenant), token, index,
-                                        size, fields_of, remaining, undelivered[level + 1], fair and clock() or 0)
+    local l = level + 1
+    added, undelivered[l] = add(level_keys(3 + tenants, l), fair, tenant_name(tenant), token, index, size, fields_of,
+                                remaining, undelivered[l], fair and clock() or 0, backlog[l] - undelivered[l])
     for _, id in ipairs(added) do ids[#ids + 1] = id end
     backlog[level + 1] = backlog[level + 1] + size
     queued_bytes = queued_bytes + bytes

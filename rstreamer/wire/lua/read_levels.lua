@@ -18,7 +18,7 @@ local out = {}
 for l = 1, levels do out[l] = {0, 0, 0, '0-0'} end
 local function take(l, count, pass)
   local stream = KEYS[4 * l - 3]
-  if fair then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], count, clock()) end
+  if fair then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], count, clock) end
   local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', stream, '>')
   local entries = (reply and reply[1] and reply[1][2]) or {}
   for _, entry in ipairs(entries) do out[l][#out[l] + 1] = entry end

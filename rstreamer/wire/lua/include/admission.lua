@@ -111,9 +111,17 @@ end
 -- first) to a level (lk as for level_queue): with fair sharing held, ids 'token:index', and
 -- when the stream has nothing undelivered one moves to it at once, which wakes the workers;
 -- otherwise onto the stream. Returns the ids added and the level's undelivered count after.
-local function add(lk, fair, tenant, token, first, count, fields_of, remaining, undelivered, now_ms)
+-- held: the items the level holds, when known. A single item for a fair level that holds none
+-- and has nothing undelivered goes onto the stream at once, as holding it and moving it would
+-- (its turn comes first, and with nothing held the clocks start again: deleted), in two
+-- commands instead of about fifteen.
+local function add(lk, fair, tenant, token, first, count, fields_of, remaining, undelivered, now_ms, held)
   local ids = {}
-  if fair then
+  if fair and count == 1 and held == 0 and undelivered == 0 then
+    ids[1] = redis.call('XADD', lk[1], '*', unpack(fields_of(0)))
+    redis.call('DEL', lk[4], lk[3])
+    undelivered = 1
+  elseif fair then
     hold(lk[2], lk[3], lk[4], tenant, token, first, fields_of, count, now_ms, remaining + 60000)
     for k = 0, count - 1 do ids[#ids + 1] = token .. ':' .. (first + k) end
     if undelivered == 0 then undelivered = promote(lk[1], lk[2], lk[3], lk[4], 1, now_ms) end
