@@ -860,10 +860,11 @@ def _compare_available(args: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost|jobs|stream|llm|priority|shelf] ...``: every transport side by side,
+    """``rstreamer bench [cost|jobs|stream|llm|priority|shelf|hotpath] ...``: every transport side by side,
     the cost-batching bench, the jobs bench, the streaming bench (continuous against request-level
     batching), the same with a real chat model, the priority bench (levels, cancellation, tenant
-    quotas), or the shelf bench (many models on a few workers, three placement policies)."""
+    quotas), the shelf bench (many models on a few workers, three placement policies), or the hot-path
+    bench (CPU and Redis commands per item, idle lanes against a bare prefix; issue 26)."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] == ["cost"]:
         from rstreamer_tools.bench_cost import main as cost_main
@@ -886,6 +887,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rstreamer_tools.bench_shelf import main as shelf_main
 
         return shelf_main(argv[1:])
+    if argv[:1] == ["hotpath"]:
+        from rstreamer_tools.bench_hotpath import main as hotpath_main
+
+        return hotpath_main(argv[1:])
     if argv[:1] == ["priority"]:
         from rstreamer_tools.bench_priority import main as priority_main
 

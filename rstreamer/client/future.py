@@ -140,19 +140,25 @@ class BaseFuture:
 class Future(BaseFuture):
     """Outputs of one ``submit(batch)`` call, in the order of the batch."""
 
-    # Made by the first wait: RedisFuture overrides the wait and never needs one.
-    _complete: threading.Condition | None = None
+    def __init__(self, size: int, timeout: float, deadline: Deadline | None = None) -> None:
+        super().__init__(size, timeout, deadline)
+        # Held until the call settles: a wait is one acquire (a Condition cost every call a
+        # waiter lock, a deque and two more trips through the future's lock; issue 26).
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._open = False
 
     def _on_complete(self) -> None:
-        if self._complete is not None:
-            self._complete.notify_all()
+        if not self._open:  # a call settles once, but deliver() may still complete it after fail()
+            self._open = True
+            self._gate.release()
 
     def _wait_until(self, until: float) -> bool:
         """Wait until every item is answered or the monotonic time ``until``."""
-        with self._lock:
-            if self._complete is None:
-                self._complete = threading.Condition(self._lock)
-            return self._complete.wait_for(self.settled, max(0.0, until - time.monotonic()))
+        if self._gate.acquire(timeout=max(0.0, until - time.monotonic())):
+            self._gate.release()  # open for every other waiter
+            return True
+        return self.settled()
 
     def _expired(self) -> None:
         """Called once the call's deadline has passed without all answers."""

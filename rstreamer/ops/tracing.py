@@ -43,8 +43,11 @@ def current_traceparent() -> bytes | None:
     """The W3C traceparent of the current span, or None (no OpenTelemetry, or no valid span)."""
     if not available():
         return None
+    from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None  # the usual case, asked on every call: no propagator, no carrier (issue 26)
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     value = carrier.get("traceparent")

@@ -4,8 +4,10 @@ A caller withdraws its items when its future is cancelled, its call times out, i
 cancelled or its web client disconnects. The CANCEL script (one step, atomic) deletes every
 entry of the call that no worker has read yet, so none of them is ever run, and marks in the
 token's cancellation set (``keys.cancelled``) the indexes of those a worker already holds. A
-worker checks the sets of its batch's tokens just before predict (:func:`cancelled_items`) and
-acks the marked items without running them; items marked after predict started run, but when
+worker checks the sets of its batch's tokens just before predict (:func:`cancelled_items`; not
+for a batch of a prefix without fair sharing delivered new less than a millisecond before, see
+rstreamer.worker.loop.FRESH_DELIVERY) and acks the marked items without running them; items
+marked after predict started run, but when
 their token was withdrawn whole (``*``) FINISH drops the replies, and the caller's future drops
 any answer that still arrives. Nothing cancelled is ever answered to anybody: replies go to the
 caller's own reply key.

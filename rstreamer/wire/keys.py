@@ -73,7 +73,8 @@ def job_token(job_id: str) -> str:
 
 def job_of_token(token: str) -> str | None:
     """The job id of a job token, or None for any other token."""
-    match = _JOB_TOKEN.fullmatch(token) if isinstance(token, str) else None
+    # Asked for every item a worker reads and answers: a caller's token is not matched at all.
+    match = _JOB_TOKEN.fullmatch(token) if isinstance(token, str) and token.startswith("job:") else None
     return match.group(1) if match else None
 
 

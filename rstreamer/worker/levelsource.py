@@ -26,6 +26,8 @@ LevelEntry = tuple[int, Entry]
 class EntrySource(Protocol):
     """A source of one stream's entries (the worker's StreamSource)."""
 
+    fresh: bool  # whether the last fetch's entries were delivered new
+
     def fetch(self, max_items: int, timeout: float) -> list[Entry]:
         """Up to ``max_items`` entries, blocking up to ``timeout`` s for the first."""
 
@@ -38,6 +40,11 @@ class SingleLevel:
 
     def __init__(self, source: EntrySource) -> None:
         self.source = source
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the last fetch's entries were delivered new (XREADGROUP '>'), not served again."""
+        return self.source.fresh
 
     def fetch(self, max_items: int, timeout: float) -> list[LevelEntry]:
         """The plain source's entries, each tagged with level 0."""
@@ -68,6 +75,10 @@ class LevelSource:
         self._read = scripts(client).read_levels
         self._own_pending = scripts(client).read_own_pending
         self._cursors: list[str | None] = ["-"] * levels.count
+        self.fresh = False
+        """Whether the last fetch's entries were delivered new. Never with fair sharing: a
+        withdrawal of an item moved to its stream is marked before any worker reads it (see
+        wire/lua/cancel.lua)."""
 
     def rewind(self) -> None:
         """Serve this consumer's own unacked entries again, before new ones."""
@@ -76,9 +87,11 @@ class LevelSource:
     def fetch(self, max_items: int, timeout: float) -> list[LevelEntry]:
         """Up to ``max_items`` (level, entry) pairs: this consumer's own backlog first, then new
         ones by deficit round robin (blocking up to ``timeout`` s for the first)."""
+        self.fresh = False
         backlog = self._read_own_pending(max_items)
         if backlog:
             return backlog
+        self.fresh = not self.levels.fair
         entries, newest = self._read_levels(max_items)
         if entries or timeout <= 0 or newest is None:
             return entries

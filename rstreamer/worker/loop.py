@@ -54,6 +54,9 @@ logger = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY = 10.0
 """Longest wait between two attempts to reach Redis at start-up."""
+FRESH_DELIVERY = 0.001
+"""Seconds after its delivery during which a batch is not asked about withdrawals (see
+RedisWorker._withdrawn): about one round trip to Redis, the window the check itself leaves."""
 
 
 def _level_of(parsed: Parsed) -> int:
@@ -458,7 +461,7 @@ class RedisWorker:
             self._lane.reset()
         self._stopping.wait(1.0)
 
-    def _parse(self, entry: Entry, level: int = 0) -> Parsed:
+    def _parse(self, entry: Entry, level: int = 0, delivered: float = 0.0) -> Parsed:
         entry_id, fields = entry
         try:
             request = parse_request(entry_id, fields, self.settings.max_item_bytes, self._clock.wall_to_server())
@@ -469,7 +472,7 @@ class RedisWorker:
             token, index = reply_address(fields) or (None, 0)
             unreadable = MalformedEntry(f"unreadable: {type(exc).__name__}: {exc}", token, index, reply_version(fields))
             return Parsed(entry_id, fields, error=unreadable, level=level)
-        return Parsed(entry_id, fields, request, level=level)
+        return Parsed(entry_id, fields, request, level=level, delivered=delivered)
 
     def _process(self, batch: list[Parsed], costs: list[int] | None = None) -> None:
         self._beater.tick()
@@ -484,6 +487,7 @@ class RedisWorker:
             elif parsed.error is not None:
                 answers += self._malformed(parsed, dead)
         requests, request_costs = self._jobs.admit(requests, request_costs)
+        delivered = min((parsed.delivered for parsed in batch), default=0.0)
         if self._refusal is not None:
             ran = [(request, Outcome[Any](False, failure=self._refusal)) for request in requests]
         else:
@@ -491,15 +495,24 @@ class RedisWorker:
             # of a batch that a failure splits included): nothing runs for a caller that is gone.
             ran = answer_batch(self._predict, requests, self.stats, observe=self.observe, hint=self._hint,
                                oom=self._batcher.oom, costs=request_costs, clock=self._clock.now,
-                               withdrawn=self._withdrawn)
+                               withdrawn=lambda screened: self._withdrawn(screened, delivered))
         self._beater.tick()
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran
                     if outcome is not WITHDRAWN]
         self.stats.cancelled += sum(outcome is WITHDRAWN for _, outcome in ran)
         self._finish(answers, dead, [parsed.ref for parsed in batch])
 
-    def _withdrawn(self, requests: Sequence[Request]) -> set[int]:
-        """The positions of the requests whose callers withdrew them (rstreamer.cancel)."""
+    def _withdrawn(self, requests: Sequence[Request], delivered: float = 0.0) -> set[int]:
+        """The positions of the requests whose callers withdrew them (rstreamer.cancel).
+
+        ``delivered``: when the oldest of them was delivered new (0: not known). A withdrawal
+        before delivery deletes the entry, so a batch delivered new less than FRESH_DELIVERY ago
+        has had no time to be marked: it is not asked about, which spares such a batch
+        a round trip (issue 26). A mark that comes later is handled as one that comes while the
+        model runs: FINISH drops the replies of a caller gone whole.
+        """
+        if delivered and time.monotonic() - delivered < FRESH_DELIVERY:
+            return set()
         marked = cancelled_items(self._redis, self.keys, [(r.token, r.index) for r in requests])
         return {position for position, r in enumerate(requests) if (r.token, r.index) in marked} if marked else set()
 

@@ -52,13 +52,16 @@ class WorkerStats(BatchStats):
 @dataclass(frozen=True)
 class Parsed:
     """A stream entry as read, and what it decoded to: a Request, or why it is malformed;
-    ``level``: the priority level (stream) it was read from."""
+    ``level``: the priority level (stream) it was read from; ``delivered``: when (monotonic) this
+    worker's XREADGROUP delivered it new, 0 when it is not known to be new (served again,
+    reclaimed, or read from levels where a withdrawal may be marked before delivery)."""
 
     entry_id: bytes
     fields: dict[bytes, bytes] | None
     request: Request | None = None
     error: MalformedEntry | None = None
     level: int = 0
+    delivered: float = 0.0
 
     @property
     def entry(self) -> Entry:

@@ -4,6 +4,7 @@ The sources of several levels are in :mod:`rstreamer.worker.levelsource`.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import cast
 
@@ -31,6 +32,8 @@ class StreamSource:
         self._own_pending = scripts(client).read_own_pending
         # The last own pending entry served, "-" for none yet; None: serve new entries.
         self._cursor: str | None = "-"
+        self.fresh = False
+        """Whether the last fetch's entries were delivered new (XREADGROUP '>'), not served again."""
 
     def rewind(self) -> None:
         """Serve this consumer's own unacked entries again, before new ones."""
@@ -38,6 +41,7 @@ class StreamSource:
 
     def fetch(self, max_items: int, timeout: float) -> list[Entry]:
         """Up to ``max_items`` entries: this consumer's own backlog first, then new ones (blocking ``timeout`` s)."""
+        self.fresh = False
         if self._cursor is not None:
             backlog = self._read_own_pending(self._cursor, max_items)
             if backlog:
@@ -54,6 +58,7 @@ class StreamSource:
                 raise
             ensure_group(self._client, self._keys)
             return []
+        self.fresh = True
         return [(entry_id, fields) for _, stream_entries in (reply or []) for entry_id, fields in stream_entries]
 
     def _read_own_pending(self, cursor: str, max_items: int) -> list[Entry]:
@@ -75,13 +80,16 @@ class ParsedSource:
     """The worker's ItemSource: entries decoded as they are read, so that a cost-aware batch
     knows each item's cost (``ManagedModel.cost`` takes the decoded input)."""
 
-    def __init__(self, source: SingleLevel | LevelSource, parse: Callable[[Entry, int], Parsed]) -> None:
+    def __init__(self, source: SingleLevel | LevelSource, parse: Callable[[Entry, int, float], Parsed]) -> None:
         self._source = source
         self._parse = parse
 
     def fetch(self, max_items: int, timeout: float) -> list[Parsed]:
-        """The next entries of the streams, each decoded with the level it was read from."""
-        return [self._parse(entry, level) for level, entry in self._source.fetch(max_items, timeout)]
+        """The next entries of the streams, each decoded with the level it was read from and, when
+        they were delivered new, the time they were (see Parsed.delivered)."""
+        entries = self._source.fetch(max_items, timeout)
+        delivered = time.monotonic() if self._source.fresh else 0.0
+        return [self._parse(entry, level, delivered) for level, entry in entries]
 
 
 def cancelled_items(client: RedisClient, keys: Keys, items: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:

@@ -27,8 +27,9 @@
 -- Counting the more urgent levels' backlog is what makes Overloaded hit the least urgent level
 -- first. A call takes one token per item of its tenant's bucket, only once every other check
 -- has passed. Check and add are one script, so concurrent callers cannot overshoot. With fair
--- sharing the items are held (their ids are then 'token:index') and the backlog counts held
--- items too.
+-- sharing the items are held (their ids are then 'token:index'; a single item for a level that
+-- holds none and has nothing undelivered goes onto the stream at once, see add) and the backlog
+-- counts held items too.
 --- @include "include/admission.lua"
 local max_queue = integer(ARGV[1], 0, math.huge, 'max_queue')
 local max_bytes = integer(ARGV[2], 0, math.huge, 'max_queue_bytes')
@@ -48,19 +49,21 @@ for c = 1, calls do
 end
 integer(last, 0, #ARGV, 'number of payloads')
 local levels, bounds, fair = published_levels(KEYS[1])
-local quotas = published_quotas(KEYS[2])
-local now_ms = server_ms()
+-- Only what a call uses is read: the quotas when a call names a tenant, the clock when an age,
+-- a bucket or a held item needs it (a lone call on an idle prefix: GET, XLEN and XADD; issue 26).
+local quotas = tenants > 0 and published_quotas(KEYS[2])
+local clock = lazy_clock()
 local backlog, undelivered, age, queued_bytes = {}, {}, {}, 0
 for l = 1, streams do
   local lk, bytes = level_keys(3 + tenants, l), 0
-  backlog[l], undelivered[l], age[l], bytes = level_queue(lk, group, fair, max_bytes > 0, now_ms)
+  backlog[l], undelivered[l], age[l], bytes = level_queue(lk, group, fair, max_bytes > 0, clock)
   queued_bytes = queued_bytes + bytes
 end
 local function tenant_name(number) return number > 0 and ARGV[8 + number] or '' end
 -- tenant number -> its bucket (tokens refilled to now), read once per script
 local buckets = {}
 local function bucket(number)
-  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[8 + number], KEYS[2 + number], now_ms)
+  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[8 + number], KEYS[2 + number], clock())
   return buckets[number]
 end
 local traced = payload
@@ -95,13 +98,14 @@ for c = 1, calls do
     else limit = 0 end
   end
   if reason == 0 then
-    if b then take(b, size, now_ms) end
+    if b then take(b, size, clock()) end
     local function fields_of(k)
       return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
     end
     local added
-    added, undelivered[level + 1] = add(level_keys(3 + tenants, level + 1), fair, tenant_name(tenant), token, index,
-                                        size, fields_of, remaining, undelivered[level + 1], now_ms)
+    local l = level + 1
+    added, undelivered[l] = add(level_keys(3 + tenants, l), fair, tenant_name(tenant), token, index, size, fields_of,
+                                remaining, undelivered[l], fair and clock() or 0, backlog[l] - undelivered[l])
     for _, id in ipairs(added) do ids[#ids + 1] = id end
     backlog[level + 1] = backlog[level + 1] + size
     queued_bytes = queued_bytes + bytes

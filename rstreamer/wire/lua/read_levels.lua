@@ -13,13 +13,12 @@
 --- @include "include/fair.lua"
 local group, consumer, left, fair = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
 local levels = #KEYS / 4
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local clock = lazy_clock()  -- only fair sharing's promotions need the time
 local out = {}
 for l = 1, levels do out[l] = {0, 0, 0, '0-0'} end
 local function take(l, count, pass)
   local stream = KEYS[4 * l - 3]
-  if fair then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], count, now_ms) end
+  if fair then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], count, clock) end
   local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', stream, '>')
   local entries = (reply and reply[1] and reply[1][2]) or {}
   for _, entry in ipairs(entries) do out[l][#out[l] + 1] = entry end

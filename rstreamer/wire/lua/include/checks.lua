@@ -21,3 +21,12 @@ local function server_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- The server's time in ms, read at most once, and only when asked for: a script that needs no
+-- clock (a lone call's admission on an empty queue, issue 26) runs no TIME.
+local function lazy_clock()
+  local ms = nil
+  return function()
+    ms = ms or server_ms()
+    return ms
+  end
+end

@@ -52,8 +52,14 @@ local function holding(clock, tenant)
 end
 -- Move up to count held items, fairest first, onto the stream; their remaining timeout shrinks
 -- by the time they were held (a version-2 entry counts it from its new id). Returns the count.
+-- now_ms: the server's ms, or a function that reads them (only asked when an item moves).
 local function promote(stream, queue, items, clock, count, now_ms)
   local popped = redis.call('ZPOPMIN', queue, count)
+  if #popped == 0 then  -- nothing held: the clocks start again (a read of an idle level: 2 commands)
+    redis.call('DEL', clock, items)
+    return 0
+  end
+  if type(now_ms) == 'function' then now_ms = now_ms() end
   for i = 1, #popped, 2 do
     local record = redis.call('HGET', items, popped[i])
     if record then

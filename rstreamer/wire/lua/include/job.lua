@@ -52,7 +52,7 @@ local function feed(job, inputs, starved, at, id, token, version, group)
   local ahead, undelivered = 0, 0
   for l = 1, level + 1 do
     local backlog
-    backlog, undelivered = level_queue(level_keys(at + 2, l), group, fair, false, now)
+    backlog, undelivered = level_queue(level_keys(at + 2, l), group, fair, false, function() return now end)
     ahead = ahead + backlog
   end
   local lk = level_keys(at + 2, level + 1)

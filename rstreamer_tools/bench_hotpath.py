@@ -1,0 +1,336 @@
+"""`rstreamer bench hotpath`: what one item costs on the hot path (issue 26), side by side in one run.
+
+A no-op model, one worker process (``rstreamer-worker``), callers in this process, one private
+redis-server. For a lone caller (one call at a time) and for ``--callers`` concurrent callers it
+measures, per item answered: the CPU of the client process (this one: its callers and I/O
+threads), of the worker process tree and of Redis (INFO cpu), and the Redis commands Redis ran
+(INFO commandstats: a script's inner calls are counted there, besides its EVALSHA). Then an A/B:
+items/s of a bare prefix against prefixes whose lanes are configured but idle (priority levels,
+tenant quotas, jobs and webhooks; the same plus fair sharing), in alternating rounds, both
+workers alive throughout.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client.sync import RedisStreamer
+from rstreamer.ops.metrics import percentile
+from rstreamer.wire.published import wait_for_live_workers
+from rstreamer_tools.processes import stop_group
+
+ECHO = "workers.echo:EchoModel"
+LANES = ["--priorities", "4,2,1", "--level-max-queue", "100000,100000,100000", "--tenant-rate", "100000",
+         "--tenant-burst", "100000", "--webhook-allow", "127.0.0.1"]
+"""Every lane a prefix can use besides fair sharing, configured (jobs need no option: one is run
+before measuring)."""
+IGNORED = {"info", "ping", "client|setinfo", "client|setname", "hello", "script|load"}
+"""Commands that the bench's own probes and the clients' connection set-up send."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """CPU seconds so far of the client, the worker tree and Redis, and Redis's command counts."""
+
+    client: float
+    worker: float
+    redis: float
+    commands: dict[str, int]
+    usec: dict[str, int]
+
+
+@dataclass
+class Row:
+    """One measured phase: per item CPU (µs) and commands, items/s and latencies (ms)."""
+
+    name: str
+    items: int = 0
+    seconds: float = 0.0
+    items_per_s: float = 0.0
+    client_us: float = 0.0
+    worker_us: float = 0.0
+    redis_us: float = 0.0
+    commands: float = 0.0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    by_command: dict[str, float] = field(default_factory=dict)
+    usec_by_command: dict[str, float] = field(default_factory=dict)
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user and system) of process ``pid`` and its descendants, from /proc (Linux);
+    processes gone meanwhile count 0."""
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, CPU seconds)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The command name (field 2) may hold spaces: the fields after it follow its ')'.
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, total = {pid}, 0.0
+    for _ in range(8):  # a supervisor, its workers, their helpers: a shallow tree
+        tree |= {child for child, (parent, _) in stats.items() if parent in tree}
+    for member in tree:
+        total += stats.get(member, (0, 0.0))[1]
+    return total
+
+
+class Meter:
+    """Samples the three processes' CPU and Redis's command counts."""
+
+    def __init__(self, client: redis.Redis, worker_pid: int) -> None:
+        self._redis = client
+        self._worker = worker_pid
+
+    def sample(self) -> Sample:
+        cpu = self._redis.info("cpu")
+        stats = self._redis.info("commandstats")
+        commands = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+        usec = {name.removeprefix("cmdstat_"): int(value["usec"]) for name, value in stats.items()}
+        return Sample(time.process_time(), tree_cpu(self._worker),
+                      float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), commands, usec)
+
+
+def fill(row: Row, before: Sample, after: Sample, items: int, seconds: float) -> Row:
+    """``row`` with the per item costs between two samples."""
+    row.items, row.seconds = items, seconds
+    row.items_per_s = items / seconds if seconds else 0.0
+    per = 1e6 / max(1, items)
+    row.client_us = (after.client - before.client) * per
+    row.worker_us = (after.worker - before.worker) * per
+    row.redis_us = (after.redis - before.redis) * per
+    delta = {name: calls - before.commands.get(name, 0) for name, calls in after.commands.items()}
+    counted = {name: calls / max(1, items) for name, calls in delta.items() if calls and name not in IGNORED}
+    row.by_command = dict(sorted(counted.items(), key=lambda kv: -kv[1]))
+    row.commands = sum(counted.values())
+    # A script's time includes its inner commands' (which commandstats also lists on their own).
+    usec = {name: (spent - before.usec.get(name, 0)) / max(1, items) for name, spent in after.usec.items()}
+    row.usec_by_command = {name: round(usec[name], 2) for name in row.by_command}
+    return row
+
+
+def lone(streamer: RedisStreamer, meter: Meter, calls: int, name: str) -> Row:
+    """``calls`` single-item calls, one at a time."""
+    for n in range(20):  # warm: connections, scripts loaded
+        streamer.predict([f"warm {n}"], timeout=20)
+    latencies = []
+    before, started = meter.sample(), time.perf_counter()
+    for n in range(calls):
+        t0 = time.perf_counter()
+        streamer.predict([f"item {n}"], timeout=20)
+        latencies.append(time.perf_counter() - t0)
+    seconds = time.perf_counter() - started
+    row = fill(Row(name), before, meter.sample(), calls, seconds)
+    row.p50_ms, row.p99_ms = _ms(percentile(latencies, 0.5)), _ms(percentile(latencies, 0.99))
+    return row
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def load(streamer: RedisStreamer, meter: Meter | None, callers: int, seconds: float, name: str) -> Row:
+    """``callers`` threads calling one item at a time for ``seconds`` (after a short ramp)."""
+    stop = threading.Event()
+    counting = threading.Event()
+    done = [0] * callers
+    latencies: list[list[float]] = [[] for _ in range(callers)]
+
+    def caller(slot: int) -> None:
+        n = 0
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            streamer.predict([f"{slot} {n}"], timeout=20)
+            if counting.is_set():
+                done[slot] += 1
+                latencies[slot].append(time.perf_counter() - t0)
+            n += 1
+
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(callers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    before = meter.sample() if meter else None
+    counting.set()
+    started = time.perf_counter()
+    time.sleep(seconds)
+    counting.clear()
+    elapsed = time.perf_counter() - started
+    after = meter.sample() if meter else None
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    items = sum(done)
+    row = Row(name, items, elapsed, items / elapsed)
+    if before and after:
+        row = fill(row, before, after, items, elapsed)
+    every = [value for chunk in latencies for value in chunk]
+    row.p50_ms, row.p99_ms = _ms(percentile(every, 0.5)), _ms(percentile(every, 0.99))
+    return row
+
+
+@contextlib.contextmanager
+def worker(url: str, prefix: str, args: argparse.Namespace, extra: Sequence[str] = ()) -> Iterator[int]:
+    """One ``rstreamer-worker`` of the echo model on ``prefix``; yields its pid once it beats."""
+    command = [sys.executable, "-c", "from rstreamer.cli import worker_main; worker_main()",
+               "--redis", url, "--prefix", prefix, "--batch-size", str(args.batch_size),
+               "--max-latency", str(args.max_latency),
+               "--log-level", "WARNING", *extra, ECHO]
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        with RedisStreamer(url, prefix) as streamer:
+            wait_for_live_workers(streamer.redis, streamer.keys, 1, timeout=120)
+        settle(process.pid)
+        yield process.pid
+    finally:
+        stop_group(process, grace=10)
+
+
+def settle(pid: int, quiet: float = 0.05, timeout: float = 30.0) -> None:
+    """Wait until the worker tree has finished starting (its heartbeat process imports for a
+    while after the first beat): less than ``quiet`` CPU seconds in half a second."""
+    deadline = time.monotonic() + timeout
+    last = tree_cpu(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = tree_cpu(pid)
+        if now - last < quiet:
+            return
+        last = now
+
+
+def idle_job(streamer: RedisStreamer) -> None:
+    """Run one small job to its end, so that the prefix's job keys exist but are idle."""
+    job = streamer.submit_job([f"job {n}" for n in range(8)])
+    job.wait(timeout=60)
+
+
+def a_b(streams: dict[str, tuple[RedisStreamer, Meter]], args: argparse.Namespace) -> list[Row]:
+    """Alternating rounds of each prefix under load; medians of items/s and of the per item costs
+    (the worker's: that prefix's worker)."""
+    rounds: dict[str, list[Row]] = {name: [] for name in streams}
+    for _ in range(args.rounds):
+        for name, (streamer, meter) in streams.items():
+            rounds[name].append(load(streamer, meter, args.callers, args.ab_seconds, name))
+    rows = []
+    for name, measured in rounds.items():
+        def median(attribute: str, rows: list[Row] = measured) -> float:
+            return statistics.median(getattr(r, attribute) or 0.0 for r in rows)
+
+        row = Row(name, sum(r.items for r in measured), sum(r.seconds for r in measured), median("items_per_s"),
+                  median("client_us"), median("worker_us"), median("redis_us"), median("commands"),
+                  median("p50_ms"), median("p99_ms"))
+        every = {command for r in measured for command in r.by_command}
+        row.by_command = {c: statistics.median(r.by_command.get(c, 0.0) for r in measured) for c in every}
+        row.by_command = dict(sorted(row.by_command.items(), key=lambda kv: -kv[1]))
+        rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every phase; the document written to bench-hotpath.json."""
+    loads = [os.getloadavg()]
+    rows: list[Row] = []
+    with EmbeddedRedis() as server, contextlib.ExitStack() as stack:
+        url = server.url
+        probe = stack.enter_context(contextlib.closing(redis.Redis.from_url(url)))
+        bare = f"bare-{uuid.uuid4().hex[:6]}"
+        pid = stack.enter_context(worker(url, bare, args))
+        streamer = stack.enter_context(RedisStreamer(url, bare))
+        meter = Meter(probe, pid)
+        rows.append(lone(streamer, meter, args.lone_calls, "lone caller"))
+        rows.append(load(streamer, meter, args.callers, args.duration, f"{args.callers} callers"))
+        if args.rounds:
+            streams = {"bare": (streamer, meter)}
+            for name, extra in (("lanes idle", LANES), ("lanes idle + fair", [*LANES, "--tenant-sharing", "fair"])):
+                prefix = f"{name.split()[-1]}-{uuid.uuid4().hex[:6]}"
+                lane_pid = stack.enter_context(worker(url, prefix, args, extra))
+                lanes = stack.enter_context(RedisStreamer(url, prefix))
+                idle_job(lanes)
+                streams[name] = (lanes, Meter(probe, lane_pid))
+            ab = a_b(streams, args)
+        else:
+            ab = []
+    loads.append(os.getloadavg())
+    return {"machine": {"cpus": os.cpu_count(), "load_before": loads[0], "load_after": loads[1],
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S")},
+            "options": vars(args), "rows": [asdict(r) for r in rows], "a_b": [asdict(r) for r in ab]}
+
+
+def format_report(document: dict[str, Any]) -> str:
+    """The rows as text: per item costs, then the A/B."""
+    lines = [f"{'phase':<14} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
+             f"{'cmds':>6} {'p50 ms':>7} {'p99 ms':>7}"]
+    for r in document["rows"]:
+        lines.append(f"{r['name']:<14} {r['items_per_s']:8,.0f} {r['client_us']:10.1f} {r['worker_us']:10.1f} "
+                     f"{r['redis_us']:9.1f} {r['commands']:6.2f} {r['p50_ms'] or 0:7.2f} {r['p99_ms'] or 0:7.2f}")
+    for r in document["rows"]:
+        top = ", ".join(f"{name} {calls:.2f}" for name, calls in list(r["by_command"].items())[:14])
+        lines.append(f"commands per item, {r['name']}: {top}")
+    ab = document["a_b"]
+    if ab:
+        base = ab[0]["items_per_s"]
+        lines.append(f"A/B, {document['options']['callers']} callers, median of {document['options']['rounds']} "
+                     "alternating rounds:")
+        lines += [f"  {r['name']:<18} {r['items_per_s']:8,.0f} items/s  {r['items_per_s'] / base - 1:+6.1%}  "
+                  f"p50 {r['p50_ms']:.2f} ms; per item µs: client {r['client_us']:.1f}, worker {r['worker_us']:.1f}, "
+                  f"Redis {r['redis_us']:.1f}; {r['commands']:.2f} commands" for r in ab]
+        for r in ab:
+            top = ", ".join(f"{name} {calls:.2f}" for name, calls in list(r["by_command"].items())[:12])
+            lines.append(f"commands per item, {r['name']}: {top}")
+    machine = document["machine"]
+    lines.append(f"{machine['cpus']} CPUs, load average {machine['load_before'][0]:.2f} before, "
+                 f"{machine['load_after'][0]:.2f} after")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rstreamer bench hotpath", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-latency", type=float, default=0.05)
+    parser.add_argument("--callers", type=int, default=64, help="concurrent callers of the load phases")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds of the measured load phase")
+    parser.add_argument("--lone-calls", type=int, default=1000, help="calls of the lone-caller phase")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating A/B rounds (0: no A/B)")
+    parser.add_argument("--ab-seconds", type=float, default=3.0, help="seconds of each A/B load")
+    parser.add_argument("--output", default="bench-output", help="folder for bench-hotpath.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the bench; print the report; write ``bench-hotpath.json``."""
+    args = parse_args(argv)
+    if os.getcwd() not in sys.path:  # the echo model lives in the repository's `workers` package
+        sys.path.insert(0, os.getcwd())
+    document = run(args)
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "bench-hotpath.json").write_text(json.dumps(document, indent=2))
+    print(format_report(document))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,27 @@
+"""`rstreamer bench hotpath` in a tiny configuration: every row and the A/B, with per item costs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rstreamer_tools import bench
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_path, capsys):
+    argv = ["hotpath", "--lone-calls", "30", "--callers", "8", "--duration", "0.5", "--rounds", "1",
+            "--ab-seconds", "0.5", "--output", str(tmp_path)]
+    assert bench.main(argv) == 0
+    report = json.loads((tmp_path / "bench-hotpath.json").read_text())
+    lone, loaded = report["rows"]
+    assert lone["items"] == 30 and loaded["items"] > 0
+    for row in (lone, loaded):
+        assert row["client_us"] > 0 and row["worker_us"] > 0 and row["redis_us"] > 0
+        # Every item is one XADD, whatever else the path costs; the bench's own INFO is not counted.
+        assert row["by_command"]["xadd"] >= 1 and "info" not in row["by_command"]
+    assert [r["name"] for r in report["a_b"]] == ["bare", "lanes idle", "lanes idle + fair"]
+    assert all(r["items_per_s"] > 0 for r in report["a_b"])
+    out = capsys.readouterr().out
+    assert "commands per item, lone caller" in out and "load average" in out
