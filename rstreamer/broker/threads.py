@@ -14,6 +14,7 @@ threads and stops waiting at the deadline (issue 22, defect 7: streams and ``Job
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -25,22 +26,40 @@ T = TypeVar("T")
 _Task = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
+# Held only while a process makes its pools' primitives (nothing in it waits or does I/O).
+_SETUP = threading.Lock()
+
+
 class DaemonThreads:
     """Runs tasks in up to ``max_threads`` daemon threads, an idle one first (as
     ThreadPoolExecutor does: ``submit`` returns a Future, ``shutdown`` refuses new tasks)."""
 
     def __init__(self, max_threads: int, name: str) -> None:
-        self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._lock = threading.Lock()
         self._max = max_threads
         self._name = name
-        self._started = 0
+        self._pid = -1  # the process whose threads and queue these are (none yet)
         self._closed = False
+
+    def _for_this_process(self) -> None:
+        """Make the queue, the locks and the thread count of this process. After a fork the
+        parent's threads are gone, and a process that gevent patched after this module was
+        imported (a gunicorn gevent worker forked from a master that imported it) needs the
+        patched primitives: a task queue made before the patch would block every greenlet."""
+        if self._pid == os.getpid():
+            return
+        with _SETUP:
+            if self._pid == os.getpid():
+                return
+            self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+            self._idle = threading.Semaphore(0)
+            self._lock = threading.Lock()
+            self._started = 0
+            self._pid = os.getpid()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Run ``fn(*args)`` in a thread; raises RuntimeError after :meth:`shutdown`."""
         future: Future[Any] = Future()
+        self._for_this_process()
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run new tasks after shutdown")
@@ -65,6 +84,7 @@ class DaemonThreads:
     def shutdown(self, cancel_futures: bool = True) -> None:
         """Refuse new tasks, cancel the queued ones (if ``cancel_futures``) and let each thread end
         after its current task."""
+        self._for_this_process()
         with self._lock:
             self._closed = True
             if cancel_futures:

@@ -246,7 +246,9 @@ def test_dead_letters_are_replayed_and_purged_after_a_confirmation(chromium, red
             browser_page(chromium, problems) as page:
         page.goto(url)
         section = f'[data-prefix="{prefix}"]'
-        assert text(page, "[data-testid=mode]") == "actions allowed"
+        # The page fills the mode from its first state read: wait for it, then it must say so.
+        wait_until(lambda: text(page, "[data-testid=mode]") == "actions allowed", UI_TIMEOUT_MS / 1000, 0.1,
+                   "the page to say that actions are allowed")
         letter_id = redis_client.xadd(Keys(prefix).requests, malformed)  # the worker dead-letters it
         letter = f"{section} [data-testid=dead-letter]"
         page.wait_for_selector(letter, timeout=UI_TIMEOUT_MS)

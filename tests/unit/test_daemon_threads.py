@@ -1,0 +1,52 @@
+"""The clients' I/O threads (rstreamer.broker.threads): daemon threads that never keep a process
+alive, a pool that works again in a forked child, and a blocking call bounded by a deadline."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from rstreamer.broker.threads import DaemonThreads, call_within
+
+
+def test_tasks_run_in_daemon_threads_and_shutdown_refuses_new_ones():
+    pool = DaemonThreads(4, "test")
+    assert pool.submit(lambda: threading.current_thread().daemon).result(5) is True
+    pool.shutdown()
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+
+
+def test_a_pool_used_before_a_fork_runs_tasks_in_the_child():
+    # The parent's threads do not survive the fork: the child must start its own, not wait for
+    # them (a gunicorn worker forked from a master that used the pool, or --preload).
+    pool = DaemonThreads(2, "test")
+    assert pool.submit(lambda: 1).result(5) == 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether a task ran within 5 s, then leave at once
+        try:
+            ok = pool.submit(lambda: b"ran").result(5) == b"ran"
+        except BaseException:  # noqa: BLE001 - any failure is a "no" for the parent
+            ok = False
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1", "the child's task never ran"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    pool.shutdown()
+
+
+def test_call_within_stops_waiting_at_the_deadline():
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        call_within(lambda: release.wait(30), time.monotonic() + 0.1, lambda: TimeoutError("late"))
+    assert time.monotonic() - started < 5
+    release.set()
+    assert call_within(lambda: 42, time.monotonic() + 5, lambda: TimeoutError("late")) == 42
