@@ -130,14 +130,6 @@ def test_streams_and_job_waits_end_within_their_timeout_while_redis_is_stalled(p
 def test_async_streams_and_job_waits_end_within_their_timeout_while_redis_is_stalled(private_redis, prefix):
     timeout = 1.0
 
-    async def timed(call: Any) -> tuple[Any, float]:
-        started = time.monotonic()
-        try:
-            outcome = await call
-        except RStreamerError as exc:
-            outcome = exc
-        return outcome, time.monotonic() - started
-
     async def drain(stream: Any) -> list[Any]:
         return [chunk async for chunk in stream]
 
@@ -150,7 +142,7 @@ def test_async_streams_and_job_waits_end_within_their_timeout_while_redis_is_sta
             try:
                 calls = [drain(in_progress), drain(streamer.stream({"n": 2}, timeout=timeout)),
                          job.wait(timeout=timeout)]
-                return await asyncio.wait_for(asyncio.gather(*(timed(call) for call in calls)), timeout + 10)
+                return await asyncio.wait_for(asyncio.gather(*(_timed(call) for call in calls)), timeout + 10)
             finally:
                 _signal(private_redis, signal.SIGCONT)
 
@@ -163,21 +155,13 @@ def test_async_calls_return_within_their_timeout_while_redis_is_stalled(private_
     timeout = 2.0
     client = redis.Redis.from_url(private_redis.url)
 
-    async def timed(call: Any) -> tuple[Any, float]:
-        started = time.monotonic()
-        try:
-            outcome = await call
-        except RStreamerError as exc:
-            outcome = exc
-        return outcome, time.monotonic() - started
-
     async def scenario() -> list[tuple[Any, float]]:
         async with AsyncRedisStreamer(private_redis.url, prefix, timeout=timeout) as streamer:
-            first = asyncio.ensure_future(timed(streamer.predict([1])))
+            first = asyncio.ensure_future(_timed(streamer.predict([1])))
             await async_wait_until(lambda: _blpop_clients(client), what="the first call in BLPOP")
             _signal(private_redis, signal.SIGSTOP)
             try:
-                during = [timed(streamer.predict([n])) for n in range(4)]
+                during = [_timed(streamer.predict([n])) for n in range(4)]
                 return await asyncio.wait_for(asyncio.gather(first, *during), timeout + 10)
             finally:
                 _signal(private_redis, signal.SIGCONT)
@@ -348,3 +332,13 @@ def test_a_base_exception_in_the_flusher_does_not_stop_the_next_calls(redis_url,
         assert streamer.predict([1]) == [2]
         assert raised
         assert streamer.predict([2]) == [4]
+
+
+async def _timed(call: Any) -> tuple[Any, float]:
+    """What awaiting ``call`` gave (its result, or the RStreamerError it raised) and how long it took."""
+    started = time.monotonic()
+    try:
+        outcome = await call
+    except RStreamerError as exc:
+        outcome = exc
+    return outcome, time.monotonic() - started
