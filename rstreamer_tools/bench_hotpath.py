@@ -4,7 +4,10 @@ A no-op model, one worker process (``rstreamer-worker``), callers in this proces
 redis-server. For a lone caller (one call at a time) and for ``--callers`` concurrent callers it
 measures, per item answered: the CPU of the client process (this one: its callers and I/O
 threads), of the worker process tree and of Redis (INFO cpu), and the Redis commands Redis ran
-(INFO commandstats: a script's inner calls are counted there, besides its EVALSHA). Then an A/B:
+(INFO commandstats: a script's inner calls are counted there, besides its EVALSHA), and the
+client's context switches (getrusage). Beside them, the *thread floor*: the same callers parking
+on a lock each until one thread answers them in groups, with no Redis and no rstreamer, which is
+what any thread-per-caller client pays on this machine before doing anything. Then an A/B:
 items/s of a bare prefix against prefixes whose lanes are configured but idle (priority levels,
 tenant quotas, jobs and webhooks; the same plus fair sharing), in alternating rounds, both
 workers alive throughout.
@@ -15,6 +18,8 @@ import argparse
 import contextlib
 import json
 import os
+import queue
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,6 +57,7 @@ class Sample:
     redis: float
     commands: dict[str, int]
     usec: dict[str, int]
+    switches: int = 0  # the client process's context switches (voluntary and involuntary) so far
 
 
 @dataclass
@@ -68,6 +74,7 @@ class Row:
     commands: float = 0.0
     p50_ms: float | None = None
     p99_ms: float | None = None
+    switches: float = 0.0  # the client's context switches per item
     by_command: dict[str, float] = field(default_factory=dict)
     usec_by_command: dict[str, float] = field(default_factory=dict)
 
@@ -107,7 +114,14 @@ class Meter:
         commands = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
         usec = {name.removeprefix("cmdstat_"): int(value["usec"]) for name, value in stats.items()}
         return Sample(time.process_time(), tree_cpu(self._worker),
-                      float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), commands, usec)
+                      float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), commands, usec, switches())
+
+
+def switches() -> int:
+    """Context switches of this process so far, voluntary and involuntary, every thread's (those
+    that ended too: Linux keeps their counts)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def fill(row: Row, before: Sample, after: Sample, items: int, seconds: float) -> Row:
@@ -118,6 +132,7 @@ def fill(row: Row, before: Sample, after: Sample, items: int, seconds: float) ->
     row.client_us = (after.client - before.client) * per
     row.worker_us = (after.worker - before.worker) * per
     row.redis_us = (after.redis - before.redis) * per
+    row.switches = (after.switches - before.switches) / max(1, items)
     delta = {name: calls - before.commands.get(name, 0) for name, calls in after.commands.items()}
     counted = {name: calls / max(1, items) for name, calls in delta.items() if calls and name not in IGNORED}
     row.by_command = dict(sorted(counted.items(), key=lambda kv: -kv[1]))
@@ -185,6 +200,78 @@ def load(streamer: RedisStreamer, meter: Meter | None, callers: int, seconds: fl
         row = fill(row, before, after, items, elapsed)
     every = [value for chunk in latencies for value in chunk]
     row.p50_ms, row.p99_ms = _ms(percentile(every, 0.5)), _ms(percentile(every, 0.99))
+    return row
+
+
+ROUND_TRIP = 0.0002
+"""Seconds the thread floor's answering thread waits per group: about one Redis round trip here."""
+
+
+class _Floor:
+    """The thread floor's callers and answering thread (see :func:`thread_floor`)."""
+
+    def __init__(self, callers: int) -> None:
+        self.waiting: queue.SimpleQueue[threading.Lock] = queue.SimpleQueue()
+        self.stopped = threading.Event()
+        self.done = [0] * callers
+        self.threads = [threading.Thread(target=self.answer, daemon=True)]
+        self.threads += [threading.Thread(target=self.caller, args=(i,), daemon=True) for i in range(callers)]
+
+    def caller(self, slot: int) -> None:
+        while not self.stopped.is_set():
+            parked = threading.Lock()
+            parked.acquire()
+            self.waiting.put(parked)
+            parked.acquire()
+            self.done[slot] += 1
+
+    def answer(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                group = [self.waiting.get(timeout=0.1)]
+            except queue.Empty:
+                continue
+            group += self.drain()
+            time.sleep(ROUND_TRIP)
+            for parked in group:
+                parked.release()
+
+    def drain(self) -> list[threading.Lock]:
+        taken = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                taken.append(self.waiting.get_nowait())
+        return taken
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.threads[0].join(5)
+        until = time.monotonic() + 5
+        for thread in self.threads[1:]:
+            while thread.is_alive() and time.monotonic() < until:
+                for parked in self.drain():  # callers parked after the answering thread stopped
+                    parked.release()
+                thread.join(0.01)
+
+
+def thread_floor(callers: int, seconds: float) -> Row:
+    """The hand-offs alone: ``callers`` threads each park on a lock of their own until one
+    answering thread, which takes every queued caller at once and waits ``ROUND_TRIP``, releases
+    it; no Redis, no encoding, no rstreamer. Its CPU per item is a floor for any client that
+    gives each call a thread of its own and answers it from another."""
+    floor = _Floor(callers)
+    for thread in floor.threads:
+        thread.start()
+    time.sleep(0.5)
+    cpu, count, before = time.process_time(), sum(floor.done), switches()
+    started = time.perf_counter()
+    time.sleep(seconds)
+    elapsed = time.perf_counter() - started
+    items = sum(floor.done) - count
+    row = Row("thread floor", items, elapsed, items / elapsed,
+              client_us=(time.process_time() - cpu) * 1e6 / max(1, items),
+              switches=(switches() - before) / max(1, items))
+    floor.stop()
     return row
 
 
@@ -261,6 +348,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         meter = Meter(probe, pid)
         rows.append(lone(streamer, meter, args.lone_calls, "lone caller"))
         rows.append(load(streamer, meter, args.callers, args.duration, f"{args.callers} callers"))
+        rows.append(thread_floor(args.callers, args.duration))
         if args.rounds:
             streams = {"bare": (streamer, meter)}
             for name, extra in (("lanes idle", LANES), ("lanes idle + fair", [*LANES, "--tenant-sharing", "fair"])):
@@ -281,11 +369,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def format_report(document: dict[str, Any]) -> str:
     """The rows as text: per item costs, then the A/B."""
     lines = [f"{'phase':<14} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
-             f"{'cmds':>6} {'p50 ms':>7} {'p99 ms':>7}"]
+             f"{'cmds':>6} {'p50 ms':>7} {'p99 ms':>7} {'switches':>8}"]
     for r in document["rows"]:
         lines.append(f"{r['name']:<14} {r['items_per_s']:8,.0f} {r['client_us']:10.1f} {r['worker_us']:10.1f} "
-                     f"{r['redis_us']:9.1f} {r['commands']:6.2f} {r['p50_ms'] or 0:7.2f} {r['p99_ms'] or 0:7.2f}")
+                     f"{r['redis_us']:9.1f} {r['commands']:6.2f} {r['p50_ms'] or 0:7.2f} {r['p99_ms'] or 0:7.2f} "
+                     f"{r['switches']:8.2f}")
     for r in document["rows"]:
+        if not r["by_command"]:
+            continue  # the thread floor runs no command
         top = ", ".join(f"{name} {calls:.2f}" for name, calls in list(r["by_command"].items())[:14])
         lines.append(f"commands per item, {r['name']}: {top}")
     ab = document["a_b"]

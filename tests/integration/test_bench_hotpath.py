@@ -15,12 +15,16 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
             "--ab-seconds", "0.5", "--output", str(tmp_path)]
     assert bench.main(argv) == 0
     report = json.loads((tmp_path / "bench-hotpath.json").read_text())
-    lone, loaded = report["rows"]
+    lone, loaded, floor = report["rows"]
     assert lone["items"] == 30 and loaded["items"] > 0
     for row in (lone, loaded):
         assert row["client_us"] > 0 and row["worker_us"] > 0 and row["redis_us"] > 0
+        assert row["switches"] > 0  # a call parks its caller at least once
         # Every item is one XADD, whatever else the path costs; the bench's own INFO is not counted.
         assert row["by_command"]["xadd"] >= 1 and "info" not in row["by_command"]
+    # The thread floor: the same callers answered by a thread, no Redis: CPU and switches, no command.
+    assert floor["name"] == "thread floor" and floor["items"] > 0
+    assert floor["client_us"] > 0 and floor["switches"] > 0 and floor["by_command"] == {}
     assert [r["name"] for r in report["a_b"]] == ["bare", "lanes idle", "lanes idle + fair"]
     assert all(r["items_per_s"] > 0 for r in report["a_b"])
     out = capsys.readouterr().out
