@@ -40,8 +40,10 @@ USAGE = """usage: rstreamer COMMAND [options]    (rstreamer --version: the insta
 commands:
   status   queue depth, pending and dead letters, live workers and throughput (--help for options)
   demo     embedded Redis, 2 embedding workers, the web app under gunicorn, real HTTP load, what it batched
-  bench    benchmarks (bench cost: cost-aware batching; bench stream: continuous batching and streaming;
-           bench llm: the same with a real chat model)
+  bench    every transport side by side (bench cost: cost-aware batching; bench jobs: durable jobs;
+           bench stream: continuous batching and streaming; bench llm: the same with a real chat model;
+           bench priority: levels, cancellation, quotas; bench shelf: many models on a few workers;
+           bench hotpath: CPU and Redis commands per item, idle lanes)
   dashboard  live page of queues, workers and dead letters (--help for options)
   exporter   queue metrics of every prefix (depth, waits, drain time, live workers) for Prometheus
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost

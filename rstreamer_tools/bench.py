@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import multiprocessing
 import os
@@ -859,6 +860,18 @@ def _compare_available(args: argparse.Namespace) -> bool:
     return True
 
 
+BENCHES = {
+    "cost": "rstreamer_tools.bench_cost",
+    "jobs": "rstreamer_tools.bench_jobs",
+    "stream": "rstreamer_tools.bench_stream",
+    "llm": "rstreamer_tools.bench_llm",
+    "shelf": "rstreamer_tools.bench_shelf",
+    "hotpath": "rstreamer_tools.bench_hotpath",
+    "priority": "rstreamer_tools.bench_priority",
+}
+"""``rstreamer bench NAME ...``: the benches beside the transports' one, each a module with ``main(argv)``."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``rstreamer bench [cost|jobs|stream|llm|priority|shelf|hotpath] ...``: every transport side by side,
     the cost-batching bench, the jobs bench, the streaming bench (continuous against request-level
@@ -866,35 +879,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     quotas), the shelf bench (many models on a few workers, three placement policies), or the hot-path
     bench (CPU and Redis commands per item, idle lanes against a bare prefix; issue 26)."""
     argv = list(argv) if argv is not None else sys.argv[1:]
-    if argv[:1] == ["cost"]:
-        from rstreamer_tools.bench_cost import main as cost_main
-
-        return cost_main(argv[1:])
-    if argv[:1] == ["jobs"]:
-        from rstreamer_tools.bench_jobs import main as jobs_main
-
-        return jobs_main(argv[1:])
-
-    if argv[:1] == ["stream"]:
-        from rstreamer_tools.bench_stream import main as stream_main
-
-        return stream_main(argv[1:])
-    if argv[:1] == ["llm"]:
-        from rstreamer_tools.bench_llm import main as llm_main
-
-        return llm_main(argv[1:])
-    if argv[:1] == ["shelf"]:
-        from rstreamer_tools.bench_shelf import main as shelf_main
-
-        return shelf_main(argv[1:])
-    if argv[:1] == ["hotpath"]:
-        from rstreamer_tools.bench_hotpath import main as hotpath_main
-
-        return hotpath_main(argv[1:])
-    if argv[:1] == ["priority"]:
-        from rstreamer_tools.bench_priority import main as priority_main
-
-        return priority_main(argv[1:])
+    if argv[:1] and argv[0] in BENCHES:
+        # Imported on demand: each bench brings its own heavy imports (torch, transformers).
+        bench = importlib.import_module(BENCHES[argv[0]])
+        return int(bench.main(argv[1:]))
     return _main(argv)
 
 
