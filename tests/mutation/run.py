@@ -96,6 +96,9 @@ MUTATIONS = [
              "entries = self._take_over_dead(client) or self._claim_stale(client) or self._read_new(client)",
              "entries = self._take_over_dead(client) or self._read_new(client)",
              (f"{WEBHOOKS}::test_a_delivery_pending_past_a_whole_retry_schedule_is_taken_over_from_a_live_sender",)),
+    # ... or takes it over at once, while its sender may still be inside its retry schedule.
+    Mutation("webhook-claim-idle", "webhooks", "int(self.settings.claim_idle * 1000)", "0",
+             (f"{WEBHOOKS}::test_a_delivery_pending_past_a_whole_retry_schedule_is_taken_over_from_a_live_sender",)),
     # A dead letter forgets its level / is replayed onto level 0.
     Mutation("dead-level", "worker", "        if letter.level:\n", "        if False:\n",
              (f"{HARDENING}::test_a_dead_letter_keeps_its_level_and_is_replayed_onto_it",)),
