@@ -15,6 +15,7 @@ import pytest
 from rstreamer.batching.batcher import (
     EXPIRED,
     WITHDRAWN,
+    BatchHint,
     BatchPolicy,
     BatchStats,
     Failure,
@@ -430,6 +431,23 @@ def test_collect_batch_over_a_queue_source_in_adaptive_mode_takes_what_is_queued
     started = time.monotonic()
     assert collect_batch(QueueSource(q), BatchPolicy(8, 5.0), first_wait=1.0) == ["a", "b", "c"]
     assert time.monotonic() - started < 0.5  # the promise is timing: no first_wait (1 s) or max_latency (5 s)
+
+
+def test_collect_batch_names_why_each_batch_closed():
+    # The reason is a metrics label: rstreamer_worker_batches_closed_total{reason} (docs/observability.md).
+    def closed(items: list[int], policy: BatchPolicy, hint: BatchHint, clock: Any = time.monotonic) -> str:
+        assert collect_batch(QueueSource(filled_queue(*items)), policy, 1.0, clock, hint) == items
+        return hint.closed
+
+    assert closed([1, 2, 3, 4], BatchPolicy(4), BatchHint()) == "full"
+    assert closed([1, 2], BatchPolicy(4), BatchHint()) == "queue_empty"  # adaptive, one consumer
+    # max_latency over before the next read (the clock jumps), or during it (it found nothing)
+    assert closed([1, 2], BatchPolicy(4, 0.01, adaptive=False), BatchHint(), iter([0.0, 10.0]).__next__) == "latency"
+    assert closed([1, 2], BatchPolicy(4, 0.01, adaptive=False), BatchHint()) == "latency"
+    # two consumers: the first read took its fair share (2 of 4), and nothing more was there
+    assert closed([1, 2], BatchPolicy(4), BatchHint(peers=2)) == "queue_empty"
+    # under half the recent batches, with nothing to linger for (no predict time recorded)
+    assert closed([1], BatchPolicy(4), BatchHint(size=10, peers=2)) == "latency"
 
 
 class OutOfMemory(Exception):
