@@ -15,6 +15,7 @@ import pytest
 from rstreamer.batching.batcher import (
     EXPIRED,
     WITHDRAWN,
+    Batcher,
     BatchHint,
     BatchPolicy,
     BatchStats,
@@ -23,7 +24,7 @@ from rstreamer.batching.batcher import (
     collect_batch,
     predict_isolated,
 )
-from rstreamer.batching.costing import CostModel, OomGuard
+from rstreamer.batching.costing import CostBudget, CostModel, OomGuard
 from rstreamer.errors import ConfigError
 from rstreamer.local import QueueSource
 from support.fakes import FakeClock
@@ -448,6 +449,24 @@ def test_collect_batch_names_why_each_batch_closed():
     assert closed([1, 2], BatchPolicy(4), BatchHint(peers=2)) == "queue_empty"
     # under half the recent batches, with nothing to linger for (no predict time recorded)
     assert closed([1], BatchPolicy(4), BatchHint(size=10, peers=2)) == "latency"
+
+
+def test_a_batcher_batches_by_count_until_costs_call_for_its_window():
+    counted: Batcher[int] = Batcher(BatchPolicy(3))
+    source = QueueSource(filled_queue(1, 2, 3, 4, 5))
+    assert not counted.costed
+    assert counted.next_batch(source, 1.0) == ([1, 2, 3], [1, 1, 1]) and counted.hint.closed == "full"
+    assert counted.next_batch(source, 1.0) == ([4, 5], [1, 1]) and counted.hint.closed == "queue_empty"
+    assert counted.held() == ([], [])
+    # By cost (padded: a batch costs its largest item times its size), with a budget of 4.
+    costed: Batcher[int] = Batcher(BatchPolicy(2, cost=CostBudget(max_batch_cost=4)), cost=lambda item: item)
+    assert costed.next_batch(QueueSource(filled_queue(3, 3)), 1.0) == ([3], [3])  # 2 x 3 > 4
+    assert costed.hint.closed == "cost_budget"
+    assert costed.held() == ([3], [3])  # the other one, without reading (as a drain does)
+    assert costed.next_batch(QueueSource(filled_queue(1, 1)), 1.0) == ([1, 1], [1, 1])
+    assert costed.hint.closed == "full"
+    assert costed.next_batch(QueueSource(filled_queue(2)), 1.0) == ([2], [2])
+    assert costed.hint.closed == "queue_empty"
 
 
 class OutOfMemory(Exception):

@@ -37,6 +37,8 @@ def test_a_budget_that_is_not_a_positive_integer_is_refused(budget):
 def test_an_unknown_cost_model_is_refused_with_the_choices():
     with pytest.raises(ConfigError, match="padded"):
         CostBudget(100, "mean")  # type: ignore[arg-type]
+    # A setting's text becomes the model.
+    assert CostBudget(100, "sum").cost_model is CostModel.SUM  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
