@@ -41,6 +41,15 @@ def test_an_unknown_cost_model_is_refused_with_the_choices():
     assert CostBudget(100, "sum").cost_model is CostModel.SUM  # type: ignore[arg-type]
 
 
+def test_a_budget_s_settings_are_taken_up_to_their_edges():
+    assert CostBudget(1, lookahead=1, max_padding=0).max_batch_cost == 1
+    assert CostBudget(None, max_padding=1).max_padding == 1
+    assert item_cost(lambda item: 1, "x") == 1
+    for bad in ({"lookahead": 0}, {"max_padding": 1.5}, {"max_padding": -0.1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            CostBudget(None, **bad)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
 def test_a_cost_function_must_return_a_positive_integer(bad):
     with pytest.raises(ValueError, match="cost"):
