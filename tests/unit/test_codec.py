@@ -118,6 +118,14 @@ def test_ints_beyond_64_bits_roundtrip(value):
     assert_same(roundtrip([value, {value: -value}]), [value, {value: -value}])
 
 
+@pytest.mark.parametrize("value", [-(2**63) - 1, -(2**63), 2**64 - 1, 2**64], ids=str)
+def test_an_int_subclass_at_the_64_bit_edges_travels_as_its_int(value):
+    class Big(int):
+        pass
+
+    assert_same(roundtrip(Big(value)), value)  # natively inside int64..uint64, as a big integer outside
+
+
 class _Plain:
     pass
 

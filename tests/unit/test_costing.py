@@ -103,6 +103,30 @@ def test_short_items_batch_together_instead_of_paying_for_a_long_ones_padding():
     assert sorted(len(i) for i in second) == [470, 480, 490, 500]
 
 
+class Arrivals:
+    """Items that arrive at given times on a FakeClock; a fetch waits (moves the clock) at most its timeout."""
+
+    def __init__(self, clock: FakeClock, arrivals: list[tuple[float, str]]) -> None:
+        self.clock, self.arrivals = clock, list(arrivals)
+
+    def fetch(self, max_items: int, timeout: float) -> list[str]:
+        if self.arrivals and self.arrivals[0][0] > self.clock.now:
+            self.clock.now = min(self.arrivals[0][0], self.clock.now + timeout)
+        taken = [item for at, item in self.arrivals if at <= self.clock.now][:max_items]
+        self.arrivals = self.arrivals[len(taken):]
+        return taken
+
+
+def test_a_non_adaptive_costed_batch_waits_max_latency_from_its_oldest_item_unless_it_fills():
+    clock = FakeClock()
+    source = Arrivals(clock, [(0.0, "aa"), (0.05, "bb"), (0.2, "cc"), (0.21, "dd"), (0.22, "ee"), (0.23, "ff")])
+    late = policy(4, adaptive=False, max_latency=0.1)
+    batch, _ = collect_costed_batch(source, late, CostWindow(), length, 1.0, clock)
+    assert batch == ["aa", "bb"] and clock.now == pytest.approx(0.1)  # "cc" came after 0.1 s
+    batch, _ = collect_costed_batch(source, late, CostWindow(), length, 1.0, clock)
+    assert batch == ["cc", "dd", "ee", "ff"] and clock.now == pytest.approx(0.23)  # full: no more waiting
+
+
 def test_padding_share_falls_with_bucketing_on_a_heavy_tailed_workload():
     rng = random.Random(3)
     items = ["x" * max(8, min(512, int(rng.lognormvariate(3.7, 0.9)))) for _ in range(2048)]

@@ -71,6 +71,10 @@ def test_worker_settings_carry_the_levels(monkeypatch):
         WorkerSettings(priorities="8,zero")
 
 
+def test_every_level_from_0_to_the_last_is_a_priority():
+    assert [check_priority(level) for level in (0, 1, MAX_LEVELS - 1)] == [0, 1, MAX_LEVELS - 1]
+
+
 @pytest.mark.parametrize("bad", [-1, MAX_LEVELS, 1.0, True, "1", None])
 def test_a_priority_that_cannot_be_a_level_is_refused(bad):
     with pytest.raises(ConfigError, match=rf"priority must be an integer from 0 \(most urgent\) to {MAX_LEVELS - 1},"):

@@ -196,6 +196,20 @@ def test_stats_count_steps_starts_finishes_failures_cancels_expiries_and_chunks(
                                              chunks=8)
 
 
+def test_admission_fills_the_cost_budget_exactly_and_a_deadline_of_now_has_passed() -> None:
+    _, scheduler = make(max_active=10, max_cost=3)
+    for name in ("a", "b", "c", "d"):
+        scheduler.offer(name, 1, deadline=100)  # cost 1 each, the default
+    scheduler.admit(0)
+    assert [live.item for live in scheduler.active.values()] == ["a", "b", "c"]  # a cost of 3 fits 3
+    _, scheduler = make()
+    for now in (5, 6):
+        scheduler.offer("bad", "bad", deadline=100)
+        scheduler.offer("due", 1, deadline=now)
+        assert sorted(event.item for event in scheduler.admit(now)) == ["bad", "due"]
+    assert (scheduler.stats.failed, scheduler.stats.expired, scheduler.stats.started) == (2, 2, 0)
+
+
 def test_clear_forgets_everything() -> None:
     model, scheduler = make(max_active=1)
     scheduler.offer("a", 3, deadline=100)
