@@ -27,7 +27,9 @@ from support.procs import wait_until
 
 pytestmark = pytest.mark.integration
 
-GRACE = 0.5  # how far past its timeout a call may return, whatever Redis does (issue 10 #4)
+# How far past its timeout a call may return, whatever Redis does (issue 10 #4). The stall tests
+# assert elapsed time because the promise is one: every call returns within its timeout.
+GRACE = 0.5
 
 
 @pytest.fixture
@@ -220,6 +222,7 @@ def test_a_full_redis_answers_overloaded_at_once(private_redis, prefix):
             started = time.monotonic()
             with pytest.raises(Overloaded, match="maxmemory") as raised:
                 streamer.predict([1])
+            # Timing is the promise: Overloaded at once (Redis's OOM), not after the 10 s timeout.
             assert raised.value.http_status == 503 and time.monotonic() - started < 1.0
             with pytest.raises(Overloaded, match="maxmemory"):
                 streamer.submit([1])

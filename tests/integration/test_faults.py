@@ -252,7 +252,7 @@ def test_overload_is_refused_at_once_and_atomically(redis_url, prefix):
         started = time.monotonic()
         with pytest.raises(Overloaded):
             streamer.predict([1])
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 1  # the promise is timing: refused at once, not after its 5 s
         streamer.redis.delete(streamer.keys.requests)
 
 

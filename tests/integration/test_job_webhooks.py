@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ import redis
 from rstreamer import JobState, RedisStreamer, verify_webhook_signature
 from rstreamer.broker.embedded import free_port
 from rstreamer.jobs.webhook_targets import TargetRefused
+from rstreamer.settings import WebhookSettings
 from rstreamer.wire.keys import Keys
+from rstreamer.wire.published import live_workers, read_workers
 from rstreamer_tools.processes import stop_group
 from support.polling import wait_until
 
@@ -25,17 +28,25 @@ LOOPBACK = "127.0.0.0/8,localhost"
 
 class Receiver:
     """An HTTP server that answers ``failure`` (500) to the first ``failures`` requests, then 200,
-    or ``location`` with a 303 to every one; it records each request (GET too) with its raw body."""
+    or ``location`` with a 303 to every one; it records each request (GET too) with its raw body.
+    ``hold_first``: the first request gets no answer until that event is set (or ``close()``);
+    ``arrived`` records every request as it comes in (monotonic time, delivery id), held or not."""
 
-    def __init__(self, failures: int = 0, failure: int = 500, location: str = "") -> None:
+    def __init__(self, failures: int = 0, failure: int = 500, location: str = "",
+                 hold_first: threading.Event | None = None) -> None:
         self.failures = failures
         self.posts: list[tuple[dict, dict, int]] = []
         self.raw: list[bytes] = []
+        self.arrived: list[tuple[float, str]] = []
+        self.hold = hold_first
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.arrived.append((time.monotonic(), self.headers.get("X-Rstreamer-Delivery", "")))
+                if receiver.hold is not None and len(receiver.arrived) == 1:
+                    receiver.hold.wait(120)
                 status = 303 if location else failure if len(receiver.posts) < receiver.failures else 200
                 receiver.raw.append(raw)
                 receiver.posts.append((json.loads(raw) if raw else {}, dict(self.headers), status))
@@ -60,6 +71,8 @@ class Receiver:
         return sum(1 for _, _, status in self.posts if status == 200)
 
     def close(self) -> None:
+        if self.hold is not None:
+            self.hold.set()  # server_close() waits for the held request's thread
         self.server.shutdown()
         self.server.server_close()
 
@@ -102,6 +115,13 @@ def webhook_consumers(redis_client, prefix) -> list[str]:
 def consumer_of(redis_client, prefix, process: subprocess.Popen) -> str | None:
     """The webhooks-group consumer of a worker process (its name holds the pid)."""
     return next((name for name in webhook_consumers(redis_client, prefix) if f":{process.pid}:" in name), None)
+
+
+def heart_beats(redis_client, prefix, process: subprocess.Popen) -> bool:
+    """True while the worker process has a live heartbeat (at most RSTREAMER_DEAD_AFTER, 2 s, old)."""
+    now_ms, workers = read_workers(redis_client, Keys(prefix))
+    live = live_workers(now_ms, workers, dead_after_ms=2000)
+    return any(int(workers[name]["pid"]) == process.pid for name in live)
 
 
 def test_webhook_called_once_after_retries(redis_client, redis_url, prefix, workers, receiver, monkeypatch,
@@ -319,3 +339,32 @@ def test_a_killed_worker_leaves_neither_its_delivery_nor_its_consumer(redis_clie
     wait_until(lambda: victim_consumer not in webhook_consumers(redis_client, prefix), timeout=30,
                what="the dead consumer removed from the webhooks group")
     assert consumer_of(redis_client, prefix, survivor) is not None  # the live one (it claimed) stays
+
+
+@pytest.mark.timeout(120)
+def test_a_delivery_pending_past_a_whole_retry_schedule_is_taken_over_from_a_live_sender(
+        redis_client, redis_url, prefix, workers, receiver, monkeypatch, allow_loopback):
+    # A sender that is alive but stuck: its worker heart-beats, so no peer sees it as dead, and
+    # only the claim of a delivery idle past claim_idle (XAUTOCLAIM) can take its delivery over.
+    monkeypatch.setenv("RSTREAMER_WEBHOOK_ATTEMPTS", "1")
+    monkeypatch.setenv("RSTREAMER_WEBHOOK_BACKOFF", "0")
+    monkeypatch.setenv("RSTREAMER_WEBHOOK_TIMEOUT", "90")  # its one try waits for the held answer
+    hook = receiver(hold_first=threading.Event())
+    stuck = workers.start(prefix)  # alone: it runs the job and reads the delivery
+    with RedisStreamer(redis_url, prefix) as streamer:
+        assert streamer.submit_job([1], webhook=hook.url).wait(timeout=30) is JobState.DONE
+        wait_until(lambda: len(hook.arrived) == 1, timeout=30, what="the stuck sender's try")
+        monkeypatch.setenv("RSTREAMER_WEBHOOK_TIMEOUT", "0.5")  # the peer's whole schedule: 0.5 s + 10 s
+        claim_idle = WebhookSettings.from_env().claim_idle
+        workers.start(prefix)
+        wait_until(lambda: hook.delivered() == 1, timeout=60, what="the delivery taken over by the peer")
+        drained(redis_client, prefix)
+        # Still alive and heart-beating, and still a consumer: taken over as stale, not as dead.
+        assert stuck.poll() is None and heart_beats(redis_client, prefix, stuck)
+        assert consumer_of(redis_client, prefix, stuck) is not None
+    (held_at, held_id), (taken_at, taken_id) = hook.arrived
+    assert held_id == taken_id  # the same delivery id: the receiver dedupes on it
+    # Not before the delivery was pending a whole schedule: the peer's try comes claim_idle
+    # (10.5 s) after the stuck sender read it, and the stuck try arrived a moment after that read
+    # (3 s of slack for a loaded machine; a claim that ignored claim_idle comes within 1-3 s).
+    assert taken_at - held_at >= claim_idle - 3.0

@@ -109,7 +109,7 @@ def test_a_call_that_would_wait_past_its_deadline_is_refused_at_once(redis_clien
         started = time.monotonic()
         with pytest.raises(Overloaded, match="oldest waiting item has waited 10"):
             streamer.predict([1])
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 1.0  # the promise is timing: refused at once, not after its 5 s
         streamer.submit([1], timeout=60)  # a patient call still gets in
         redis_client.xreadgroup(keys.group, "someone", {keys.requests: ">"}, count=1)
         streamer.submit([1], timeout=5)  # once the old item is delivered, the queue is young again
@@ -156,7 +156,7 @@ def test_overload_answers_overloaded_at_once_instead_of_timing_out(redis_url, pr
                 time.sleep(1 / 40)
     assert outcome["Overloaded"] > 0, outcome
     assert outcome["ok"] > 0, outcome
-    assert sorted(refusal_seconds)[len(refusal_seconds) // 2] < 0.5
+    assert sorted(refusal_seconds)[len(refusal_seconds) // 2] < 0.5  # timing is the promise: at once, not at 1 s
 
 
 # wire versions (issue 11 #9) ----------------------------------------------------------------

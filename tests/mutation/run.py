@@ -5,7 +5,8 @@ tests that name it; a test that still PASSES does not prove its feature, and the
 
 ``--dry-run`` only checks that every mutation still applies (the code it edits is where the
 table says). When the code moves, update FILES (one line per module) or the mutation's
-``old`` text. `make mutation` runs these, then mutmut over the pure cores (tests/mutation/cores.py).
+``old`` text. `make mutation` runs these, then mutmut over the pure cores ([mutmut] in setup.cfg;
+its score and survivors: tests/mutation/README.md).
 """
 from __future__ import annotations
 
@@ -84,12 +85,20 @@ MUTATIONS = [
     Mutation("drain-watchdog", "worker", "threading.Timer(self._drain_timeout, os._exit",
              "threading.Timer(3600.0, os._exit",
              (f"{HARDENING}::test_a_drain_whose_batch_never_ends_exits_1_after_drain_timeout_and_its_entries_are_reclaimed",)),
-    # No webhook sender takes over the deliveries of a dead one.
-    Mutation("webhook-takeover", "webhooks",
+    # No webhook sender takes over the deliveries of a dead one (its heartbeat lapsed).
+    Mutation("webhook-dead-takeover", "webhooks",
              "entries = self._take_over_dead(client) or self._claim_stale(client) or self._read_new(client)",
-             "entries = self._read_new(client)",
+             "entries = self._claim_stale(client) or self._read_new(client)",
              (f"{WEBHOOKS}::test_a_killed_worker_leaves_neither_its_delivery_nor_its_consumer",
               f"{WEBHOOKS}::test_a_delivery_survives_its_worker_stopping_during_the_backoff")),
+    # No webhook sender takes over a delivery pending past a whole retry schedule (claim_idle).
+    Mutation("webhook-stale-claim", "webhooks",
+             "entries = self._take_over_dead(client) or self._claim_stale(client) or self._read_new(client)",
+             "entries = self._take_over_dead(client) or self._read_new(client)",
+             (f"{WEBHOOKS}::test_a_delivery_pending_past_a_whole_retry_schedule_is_taken_over_from_a_live_sender",)),
+    # ... or takes it over at once, while its sender may still be inside its retry schedule.
+    Mutation("webhook-claim-idle", "webhooks", "int(self.settings.claim_idle * 1000)", "0",
+             (f"{WEBHOOKS}::test_a_delivery_pending_past_a_whole_retry_schedule_is_taken_over_from_a_live_sender",)),
     # A dead letter forgets its level / is replayed onto level 0.
     Mutation("dead-level", "worker", "        if letter.level:\n", "        if False:\n",
              (f"{HARDENING}::test_a_dead_letter_keeps_its_level_and_is_replayed_onto_it",)),

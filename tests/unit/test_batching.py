@@ -15,6 +15,8 @@ import pytest
 from rstreamer.batching.batcher import (
     EXPIRED,
     WITHDRAWN,
+    Batcher,
+    BatchHint,
     BatchPolicy,
     BatchStats,
     Failure,
@@ -22,7 +24,7 @@ from rstreamer.batching.batcher import (
     collect_batch,
     predict_isolated,
 )
-from rstreamer.batching.costing import CostModel, OomGuard
+from rstreamer.batching.costing import CostBudget, CostModel, OomGuard
 from rstreamer.errors import ConfigError
 from rstreamer.local import QueueSource
 from support.fakes import FakeClock
@@ -390,14 +392,14 @@ def test_queue_source_returns_what_is_available_up_to_max_items_without_waiting_
     started = time.monotonic()
     assert source.fetch(3, 5.0) == [0, 1, 2]
     assert source.fetch(10, 5.0) == [3, 4]
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 0.5  # the promise is timing: neither fetch waits its 5 s for more
 
 
 def test_queue_source_waits_only_while_empty_and_at_most_the_timeout():
     source = QueueSource(queue.Queue())
     started = time.monotonic()
     assert source.fetch(4, 0.01) == []
-    assert 0.005 <= time.monotonic() - started < 0.5
+    assert 0.005 <= time.monotonic() - started < 0.5  # timing is the promise: it waits, about its 0.01 s, no more
 
 
 class NeverBlockingQueue(queue.Queue):
@@ -420,7 +422,7 @@ def test_queue_source_returns_when_the_first_item_arrives():
     try:
         started = time.monotonic()
         assert QueueSource(q).fetch(4, 2.0) == ["late"]
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 1.0  # the promise is timing: woken by the item, not at 2 s
     finally:
         timer.cancel()
 
@@ -429,7 +431,42 @@ def test_collect_batch_over_a_queue_source_in_adaptive_mode_takes_what_is_queued
     q = filled_queue("a", "b", "c")
     started = time.monotonic()
     assert collect_batch(QueueSource(q), BatchPolicy(8, 5.0), first_wait=1.0) == ["a", "b", "c"]
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 0.5  # the promise is timing: no first_wait (1 s) or max_latency (5 s)
+
+
+def test_collect_batch_names_why_each_batch_closed():
+    # The reason is a metrics label: rstreamer_worker_batches_closed_total{reason} (docs/observability.md).
+    def closed(items: list[int], policy: BatchPolicy, hint: BatchHint, clock: Any = time.monotonic) -> str:
+        assert collect_batch(QueueSource(filled_queue(*items)), policy, 1.0, clock, hint) == items
+        return hint.closed
+
+    assert closed([1, 2, 3, 4], BatchPolicy(4), BatchHint()) == "full"
+    assert closed([1, 2], BatchPolicy(4), BatchHint()) == "queue_empty"  # adaptive, one consumer
+    # max_latency over before the next read (the clock jumps), or during it (it found nothing)
+    assert closed([1, 2], BatchPolicy(4, 0.01, adaptive=False), BatchHint(), iter([0.0, 10.0]).__next__) == "latency"
+    assert closed([1, 2], BatchPolicy(4, 0.01, adaptive=False), BatchHint()) == "latency"
+    # two consumers: the first read took its fair share (2 of 4), and nothing more was there
+    assert closed([1, 2], BatchPolicy(4), BatchHint(peers=2)) == "queue_empty"
+    # under half the recent batches, with nothing to linger for (no predict time recorded)
+    assert closed([1], BatchPolicy(4), BatchHint(size=10, peers=2)) == "latency"
+
+
+def test_a_batcher_batches_by_count_until_costs_call_for_its_window():
+    counted: Batcher[int] = Batcher(BatchPolicy(3))
+    source = QueueSource(filled_queue(1, 2, 3, 4, 5))
+    assert not counted.costed
+    assert counted.next_batch(source, 1.0) == ([1, 2, 3], [1, 1, 1]) and counted.hint.closed == "full"
+    assert counted.next_batch(source, 1.0) == ([4, 5], [1, 1]) and counted.hint.closed == "queue_empty"
+    assert counted.held() == ([], [])
+    # By cost (padded: a batch costs its largest item times its size), with a budget of 4.
+    costed: Batcher[int] = Batcher(BatchPolicy(2, cost=CostBudget(max_batch_cost=4)), cost=lambda item: item)
+    assert costed.next_batch(QueueSource(filled_queue(3, 3)), 1.0) == ([3], [3])  # 2 x 3 > 4
+    assert costed.hint.closed == "cost_budget"
+    assert costed.held() == ([3], [3])  # the other one, without reading (as a drain does)
+    assert costed.next_batch(QueueSource(filled_queue(1, 1)), 1.0) == ([1, 1], [1, 1])
+    assert costed.hint.closed == "full"
+    assert costed.next_batch(QueueSource(filled_queue(2)), 1.0) == ([2], [2])
+    assert costed.hint.closed == "queue_empty"
 
 
 class OutOfMemory(Exception):

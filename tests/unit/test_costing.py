@@ -37,6 +37,17 @@ def test_a_budget_that_is_not_a_positive_integer_is_refused(budget):
 def test_an_unknown_cost_model_is_refused_with_the_choices():
     with pytest.raises(ConfigError, match="padded"):
         CostBudget(100, "mean")  # type: ignore[arg-type]
+    # A setting's text becomes the model.
+    assert CostBudget(100, "sum").cost_model is CostModel.SUM  # type: ignore[arg-type]
+
+
+def test_a_budget_s_settings_are_taken_up_to_their_edges():
+    assert CostBudget(1, lookahead=1, max_padding=0).max_batch_cost == 1
+    assert CostBudget(None, max_padding=1).max_padding == 1
+    assert item_cost(lambda item: 1, "x") == 1
+    for bad in ({"lookahead": 0}, {"max_padding": 1.5}, {"max_padding": -0.1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            CostBudget(None, **bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
@@ -90,6 +101,30 @@ def test_short_items_batch_together_instead_of_paying_for_a_long_ones_padding():
     second, _ = collect_costed_batch(source, policy(4), window, length, 0.0, clock)
     assert sorted(len(i) for i in first) == [5, 6, 6, 7]
     assert sorted(len(i) for i in second) == [470, 480, 490, 500]
+
+
+class Arrivals:
+    """Items that arrive at given times on a FakeClock; a fetch waits (moves the clock) at most its timeout."""
+
+    def __init__(self, clock: FakeClock, arrivals: list[tuple[float, str]]) -> None:
+        self.clock, self.arrivals = clock, list(arrivals)
+
+    def fetch(self, max_items: int, timeout: float) -> list[str]:
+        if self.arrivals and self.arrivals[0][0] > self.clock.now:
+            self.clock.now = min(self.arrivals[0][0], self.clock.now + timeout)
+        taken = [item for at, item in self.arrivals if at <= self.clock.now][:max_items]
+        self.arrivals = self.arrivals[len(taken):]
+        return taken
+
+
+def test_a_non_adaptive_costed_batch_waits_max_latency_from_its_oldest_item_unless_it_fills():
+    clock = FakeClock()
+    source = Arrivals(clock, [(0.0, "aa"), (0.05, "bb"), (0.2, "cc"), (0.21, "dd"), (0.22, "ee"), (0.23, "ff")])
+    late = policy(4, adaptive=False, max_latency=0.1)
+    batch, _ = collect_costed_batch(source, late, CostWindow(), length, 1.0, clock)
+    assert batch == ["aa", "bb"] and clock.now == pytest.approx(0.1)  # "cc" came after 0.1 s
+    batch, _ = collect_costed_batch(source, late, CostWindow(), length, 1.0, clock)
+    assert batch == ["cc", "dd", "ee", "ff"] and clock.now == pytest.approx(0.23)  # full: no more waiting
 
 
 def test_padding_share_falls_with_bucketing_on_a_heavy_tailed_workload():

@@ -361,6 +361,8 @@ def test_openai_store_keys_take_only_their_ids() -> None:
     job = "0123456789abcdef0123456789abcdef"
     assert keys.openai_file("file-" + job) == "rstreamer:{store}:openai:file:file-" + job
     assert keys.openai_batches(None) == "rstreamer:{store}:openai:batches"
+    assert keys.openai_batch("batch_" + job) == "rstreamer:{store}:openai:batch:batch_" + job
+    assert keys.openai_batches("acme") == "rstreamer:{store}:openai:batches:acme"
     for bad in ("file-" + job + "x", "../x", "file-ABC", "", 1):
         with pytest.raises(ValueError):
             keys.openai_file(bad)  # type: ignore[arg-type]

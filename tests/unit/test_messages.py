@@ -11,6 +11,8 @@ from rstreamer.errors import DecodeError
 from rstreamer.wire.messages import (
     DEADLINE,
     INDEX,
+    MAX_INDEX,
+    MAX_WIRE_MS,
     PAYLOAD,
     REMAINING,
     TOKEN,
@@ -94,6 +96,23 @@ def test_parse_request_decodes_array_payloads():
 
 def test_reply_address_reads_token_and_index():
     assert reply_address(entry()) == ("client-1:7", 3)
+
+
+def test_an_index_and_a_time_at_the_edges_of_their_range_are_taken_and_one_past_is_not():
+    assert reply_address(entry(index=b"0")) == ("client-1:7", 0)
+    assert reply_address(entry(index=str(MAX_INDEX).encode())) == ("client-1:7", MAX_INDEX)
+    assert reply_address(entry(index=str(MAX_INDEX + 1).encode())) is None
+    assert reply_address(entry(index=b"-1")) is None
+    for remaining in (0, MAX_WIRE_MS):
+        assert isinstance(parse_request(b"1-0", entry_v2(remaining=str(remaining).encode()), MAX), Request)
+    assert "deadline" in str(malformed(entry_v2(remaining=str(MAX_WIRE_MS + 1).encode())))
+
+
+def test_a_malformed_entry_keeps_the_version_its_error_is_answered_in():
+    assert malformed(entry_v2(remaining=b"soon")).version == 2
+    assert malformed(entry_v2(p=True)).version == 2  # no payload
+    assert malformed(entry_v2(payload=b"\xc1")).version == 2  # undecodable payload
+    assert malformed(entry(deadline=b"soon")).version == 1
 
 
 @pytest.mark.parametrize(

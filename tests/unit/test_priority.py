@@ -50,6 +50,9 @@ def test_levels_parse_weights_and_bounds():
     assert Levels.parse("8,2,1", "0,0,500").max_queue == (0, 0, 500)
     assert Levels.parse("8,1").shares() == pytest.approx([8 / 9, 1 / 9])
     assert Levels.from_json(Levels.parse("8,1", "10,5").to_json()) == Levels((8, 1), (10, 5))
+    fair = Levels.parse("8,1", fair=True)
+    assert fair.fair and Levels.from_json(fair.to_json()) == fair  # published and read back fair
+    assert Levels([8, 1], [10, 5]) == Levels((8, 1), (10, 5))  # lists given are kept as tuples
 
 
 @pytest.mark.parametrize("priorities, bounds", [
@@ -68,9 +71,13 @@ def test_worker_settings_carry_the_levels(monkeypatch):
         WorkerSettings(priorities="8,zero")
 
 
+def test_every_level_from_0_to_the_last_is_a_priority():
+    assert [check_priority(level) for level in (0, 1, MAX_LEVELS - 1)] == [0, 1, MAX_LEVELS - 1]
+
+
 @pytest.mark.parametrize("bad", [-1, MAX_LEVELS, 1.0, True, "1", None])
 def test_a_priority_that_cannot_be_a_level_is_refused(bad):
-    with pytest.raises(ConfigError, match="priority must be an integer"):
+    with pytest.raises(ConfigError, match=rf"priority must be an integer from 0 \(most urgent\) to {MAX_LEVELS - 1},"):
         check_priority(bad)
 
 

@@ -14,6 +14,8 @@ def test_quotas_parse_a_default_and_per_tenant_quotas():
     assert quotas.of("someone") == Quota(50.0, 50)
     assert quotas.of("acme") == Quota(500.0, 1000)
     assert quotas.of("free") == Quota(2.0, 2)
+    # burst 0 (or none given): one second's worth, at least 1
+    assert Quotas.parse(0.5, 0, "slow=0.5").of("x") == Quotas.parse(tenants="slow=0.5").of("slow") == Quota(0.5, 1)
     assert Quotas.from_json(quotas.to_json()) == quotas
     assert not Quotas.parse().enabled
     assert Quotas.parse(tenants="vip=0").of("vip").rate == 0, "rate 0 exempts a tenant"

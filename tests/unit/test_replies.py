@@ -43,3 +43,12 @@ def test_a_message_whose_rows_cannot_be_told_apart_is_undecodable(data):
 def test_undecodable_is_a_server_error():
     error = undecodable(UndecodableReply("bad"))
     assert isinstance(error, RemoteError) and error.http_status == 500
+
+
+@pytest.mark.parametrize("sizes", [range(250, 258), range(65_528, 65_536)], ids=["bin8-bin16", "bin16-bin32"])
+def test_outputs_on_either_side_of_a_bin_header_size_round_trip(sizes):
+    # A row wraps its encoded output in a msgpack bin whose header grows at 256 and 65,536 bytes
+    # (a bytes value of n bytes encodes in n + 2 or n + 3), so these outputs cross both edges.
+    for n in sizes:
+        value = bytes(n)
+        assert unpack_results(pack_results([(0, Outcome(True, value=value))])[0]) == [(0, Outcome(True, value=value))]

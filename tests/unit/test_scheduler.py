@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rstreamer.batching.scheduler import Scheduler
+from rstreamer.batching.scheduler import Scheduler, SchedulerStats
 from rstreamer.errors import ConfigError
 from rstreamer.model.generative import GenerativeModel, Step, join_chunks
 
@@ -167,6 +167,47 @@ def test_a_step_that_raises_fails_every_live_item() -> None:
     assert sorted((e.item, e.failure.message if e.failure else "") for e in events) == [
         ("a", "device lost"), ("b", "device lost")]
     assert scheduler.idle and sorted(model.cancelled) == [0, 1]
+
+
+def test_stats_count_steps_starts_finishes_failures_cancels_expiries_and_chunks() -> None:
+    # Each counter is bumped more than once, so a counter that is set instead of added to is seen.
+    _, scheduler = make(max_active=2)
+    for name, steps in [("x", 1), ("y", 3), ("z", 2)]:
+        scheduler.offer(name, steps, deadline=100)
+    assert run_to_end(scheduler) == {"x": "a", "y": "abc", "z": "ab"}
+    assert scheduler.stats == SchedulerStats(steps=3, started=3, finished=3, chunks=6)
+    scheduler.offer("bad", "bad", deadline=100)  # refused by the model at start
+    scheduler.offer("late", 1, deadline=1)  # expired while waiting
+    scheduler.admit(now=5)
+    for name in ("a", "b", "w"):  # two live, "w" waiting, all past their deadline at 10
+        scheduler.offer(name, 5, deadline=10)
+    scheduler.admit(0)
+    scheduler.step()
+    assert len(scheduler.expire(now=10)) == 3
+    scheduler.offer("c", 3, deadline=100)
+    scheduler.offer("d", "crash", deadline=100)
+    scheduler.admit(0)
+    scheduler.step()  # raises in the model: both live items fail
+    for name in ("p", "q", "r"):
+        scheduler.offer(name, 5, deadline=100)
+    scheduler.admit(0)
+    assert scheduler.cancel(["p", "q"]) == ["p", "q"] and scheduler.cancel(["r"]) == ["r"]
+    assert scheduler.stats == SchedulerStats(steps=5, started=9, finished=3, failed=3, cancelled=3, expired=4,
+                                             chunks=8)
+
+
+def test_admission_fills_the_cost_budget_exactly_and_a_deadline_of_now_has_passed() -> None:
+    _, scheduler = make(max_active=10, max_cost=3)
+    for name in ("a", "b", "c", "d"):
+        scheduler.offer(name, 1, deadline=100)  # cost 1 each, the default
+    scheduler.admit(0)
+    assert [live.item for live in scheduler.active.values()] == ["a", "b", "c"]  # a cost of 3 fits 3
+    _, scheduler = make()
+    for now in (5, 6):
+        scheduler.offer("bad", "bad", deadline=100)
+        scheduler.offer("due", 1, deadline=now)
+        assert sorted(event.item for event in scheduler.admit(now)) == ["bad", "due"]
+    assert (scheduler.stats.failed, scheduler.stats.expired, scheduler.stats.started) == (2, 2, 0)
 
 
 def test_clear_forgets_everything() -> None:
