@@ -24,7 +24,7 @@ from rstreamer.wire.keys import Keys
 from rstreamer.wire.shelf import read_serving
 
 from . import jobs, metrics, multiproc, protocol, sse
-from .config import WebConfig, cold_start_wait, web_gate
+from .config import WebConfig, web_gate
 from .openai import wsgi_routes as openai_routes
 from .openai.errors import http_error as openai_http_error
 from .openai.service import OpenAIService
@@ -115,7 +115,7 @@ def _add_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStreame
         try:
             now_ms, workers = read_serving(probe.get(), keys)
             status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix,
-                                              cold_start_wait(config))
+                                              config.client.cold_start_wait)
         except (redis.RedisError, BrokerUnavailable) as exc:  # a Cluster client fails when created
             status, body = protocol.unready(exc, config.prefix)
         return Response(body, status, mimetype=protocol.JSON)

@@ -27,7 +27,7 @@ from rstreamer.wire.shelf import aread_serving
 
 from . import jobs, metrics, multiproc, protocol, sse
 from .asgi_io import read_body, unless_disconnected
-from .config import WebConfig, cold_start_wait, settings_or_exit, web_gate
+from .config import WebConfig, settings_or_exit, web_gate
 from .openai import asgi_routes as openai_routes
 from .openai.errors import http_error as openai_http_error
 from .openai.service import AsyncOpenAIService
@@ -88,7 +88,7 @@ def create_app(config: WebConfig | None = None) -> Starlette:
         try:
             now_ms, workers = await _read_workers(request.app.state.probe, keys)
             status, body = protocol.readiness(now_ms, workers, config.dead_after, config.prefix,
-                                              cold_start_wait(config))
+                                              config.client.cold_start_wait)
         except redis.RedisError as exc:
             status, body = protocol.unready(exc, config.prefix)
         return Response(body, status, media_type=protocol.JSON)

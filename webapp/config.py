@@ -104,13 +104,6 @@ def _ensure_log_handler() -> None:
         logger.setLevel(logging.INFO)
 
 
-def cold_start_wait(config: WebConfig) -> float:
-    """Seconds a call waits, enqueued, for a worker when none is live: the clients' setting
-    ``cold_start_wait`` (``RSTREAMER_COLD_START_WAIT``, issue 22), 0 where the clients do not have
-    it. ``/readyz`` reports ready without a live worker when it is set."""
-    return float(getattr(config.client, "cold_start_wait", 0.0))
-
-
 def web_gate(config: WebConfig) -> WorkerGate:
     """The worker gate of a web process's streamer (rstreamer.client.gate): 503 after
     ``no_worker_grace`` seconds without a live worker, unless calls wait for a cold start. Its

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 from .connection import BLPOP_SLICE, blpop_block, retry_pause
 
+STALL_MARGIN = 0.25
+"""Seconds past a deadline a Redis command may take before its caller stops waiting for it (a
+stalled Redis answers only at its socket timeout)."""
+
 
 @dataclass(frozen=True)
 class Deadline:
@@ -36,6 +40,11 @@ class Deadline:
             return Deadline.after(timeout)
         cut = max(0.0, self.timeout - timeout)
         return Deadline(self.timeout - cut, self.expires_at - cut, self.at - cut)
+
+    @property
+    def command_until(self) -> float:
+        """The monotonic time a caller stops waiting for a Redis command of this call or wait."""
+        return self.expires_at + STALL_MARGIN
 
     def remaining(self) -> float:
         """Seconds left before the deadline (0 once it has passed; infinite for no deadline)."""

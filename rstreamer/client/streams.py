@@ -44,9 +44,6 @@ if TYPE_CHECKING:
 
 POP_COUNT = 256
 """Most chunk messages one pop takes."""
-STALL_MARGIN = 0.25
-"""Seconds past the call's deadline a Redis command may take before the caller stops waiting for
-it (a stalled Redis answers at its socket timeout; issue 22, defect 7)."""
 CLOSE_WAIT = 0.25
 """The longest leaving a stream waits for Redis to take its cancellation."""
 
@@ -66,11 +63,6 @@ class _StreamState:
         self.closed = False
         self.failures = 0
         self.entry_id: bytes | None = None  # the item's entry in its level's stream, once enqueued
-
-    @property
-    def until(self) -> float:
-        """The monotonic time the caller stops waiting for any Redis command of the stream."""
-        return self.call.expires_at + STALL_MARGIN
 
     def errors(self) -> contextlib.AbstractContextManager[None]:
         """Around each command of the stream's flows: how Redis's failures reach the caller."""
@@ -102,7 +94,7 @@ class _StreamState:
                 # Every message waiting in one pop: a slow reader catches up in one round trip.
                 # Never waited for past the call's deadline, whatever Redis does (a stalled server).
                 pop = methodcaller("blmpop", block, 1, self.call.reply_key, direction="LEFT", count=POP_COUNT)
-                popped = yield Command(pop, until=min(self.until, time.monotonic() + block + 2.0))
+                popped = yield Command(pop, until=min(self.call.deadline.command_until, time.monotonic() + block + 2.0))
             except BrokerUnavailable as exc:
                 if self.call.expired():
                     raise self.timed_out() from None
@@ -206,7 +198,7 @@ class ChunkStream:
 
     def _within(self, command: Callable[[], Any]) -> Any:
         """``command()`` (a Redis command), waited for no later than the call's deadline."""
-        return call_within(command, self._state.until, self._state.timed_out)
+        return call_within(command, self._state.call.deadline.command_until, self._state.timed_out)
 
     @property
     def _redis_url(self) -> str:
@@ -277,7 +269,7 @@ class AsyncChunkStream:
     async def _within(self, command: Awaitable[Any]) -> Any:
         """``await command`` (a Redis command), no later than the call's deadline."""
         try:
-            return await asyncio.wait_for(command, max(0.0, self._state.until - time.monotonic()))
+            return await asyncio.wait_for(command, max(0.0, self._state.call.deadline.command_until - time.monotonic()))
         except asyncio.TimeoutError:
             raise self._state.timed_out() from None
 

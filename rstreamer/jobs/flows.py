@@ -52,9 +52,6 @@ RETRY_PAUSE = 0.5
 PIPELINE_ROUND = 32
 """Most commands an upload sends in one pipeline round trip."""
 RETRIED = (BrokerUnavailable, redis.ConnectionError, redis.TimeoutError)
-STALL_MARGIN = 0.25
-"""Seconds past a wait's deadline a Redis command may take before the waiter stops waiting for it
-(a stalled Redis answers at its socket timeout; issue 22, defect 7)."""
 """The failures a wait rides out (a Redis restart), within its deadline."""
 
 Client = TypeVar("Client")
@@ -173,7 +170,7 @@ class JobFlows:
         """Until the job has finished; raises StreamerTimeout after ``timeout`` seconds, JobNotFound
         when it expires meanwhile, and rides out a Redis restart."""
         deadline = wait_deadline(timeout)
-        until = deadline.expires_at + STALL_MARGIN  # no command is waited for past the deadline
+        until = deadline.command_until  # no command is waited for past the deadline
         last = b"0-0"
         log = self.keys.job_log(job_id)
         while True:
@@ -228,7 +225,7 @@ class JobFlows:
                 raise not_finished(job_id, cursor.timeout)
             try:  # never waited for past the deadline, whatever Redis does
                 reply = yield Command(methodcaller("xread", {log: cursor.last}, count=100, block=block),
-                                      until=cursor.deadline.expires_at + STALL_MARGIN)
+                                      until=cursor.deadline.command_until)
             except BrokerUnavailable:
                 if cursor.deadline.expired():
                     raise not_finished(job_id, cursor.timeout) from None

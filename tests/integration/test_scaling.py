@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
 
 import httpx
@@ -24,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rstreamer import RedisStreamer
 from rstreamer.broker.embedded import free_port
-from rstreamer.settings import ClientSettings
 from rstreamer_tools.processes import stop_group
 from support.procs import ROOT, wait_until
 from support.procs import test_env as procs_env
@@ -32,7 +30,6 @@ from support.procs import test_env as procs_env
 pytestmark = pytest.mark.integration
 
 KEDA = ROOT / "deploy" / "k8s" / "keda.yaml"
-HAS_COLD_START_WAIT = "cold_start_wait" in {f.name for f in fields(ClientSettings)}
 
 
 class Exporter:
@@ -98,8 +95,6 @@ def test_a_call_waits_for_a_fleet_woken_from_zero_and_is_answered(redis_url, pre
                "nothing left to drain")
 
 
-@pytest.mark.skipif(not HAS_COLD_START_WAIT, reason="the web apps' cold-start wait (ClientSettings.cold_start_wait, "
-                    "issue 22) is not on this branch yet: without it a prefix no worker serves is refused at once")
 @pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn"])
 def test_a_web_call_waits_for_a_fleet_woken_from_zero_and_is_answered(redis_url, prefix, workers, web, exporter,
                                                                         server_kind):
