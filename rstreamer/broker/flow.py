@@ -105,9 +105,17 @@ def run(flow: Flow[T], client: Any, errors: Errors) -> T:
 
 
 def _sent(step: Command, client: Any) -> Any:
-    if step.until is None or step.until == math.inf:
+    if step.until is None or time.monotonic() + _socket_timeout(client) <= step.until:
+        # The socket timeout ends a stalled command before the caller's deadline: no thread needed.
         return step.send(client)
     return call_within(lambda: step.send(client), step.until, _no_answer)
+
+
+def _socket_timeout(client: Any) -> float:
+    """The longest a stalled command of ``client`` waits (its socket timeout); infinite when unknown."""
+    pool = getattr(client, "connection_pool", None)
+    timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout") if pool is not None else None
+    return float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else math.inf
 
 
 def _no_answer() -> BrokerUnavailable:
