@@ -64,7 +64,8 @@ class LevelSource:
     this consumer's own unacked entries are served again first, level by level.
     """
 
-    def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels,
+                 reads: RedisClient | None = None) -> None:
         self._client = client
         self._keys = keys
         self._consumer = consumer
@@ -72,7 +73,8 @@ class LevelSource:
         self.scheduler = DeficitScheduler(levels)
         self._streams = [keys.requests_at(level) for level in range(levels.count)]
         self._level_keys = [key for level in range(levels.count) for key in keys.level_keys(level)]
-        self._read = scripts(client).read_levels
+        # READ_LEVELS delivers entries: on the client redis-py does not retry (WorkerContext.reads).
+        self._read = scripts(reads or client).read_levels
         self._own_pending = scripts(client).read_own_pending
         self._cursors: list[str | None] = ["-"] * levels.count
         self.fresh = False

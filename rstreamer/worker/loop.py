@@ -48,7 +48,7 @@ from .levelsource import LevelSource, SingleLevel
 from .liveness import Heartbeat
 from .reclaim import Reclaimer, plan_reclaim
 from .records import Answer, DeadLetter, Entry, Parsed, WorkerStats
-from .sources import ParsedSource, StreamSource, cancelled_items
+from .sources import Carried, ParsedSource, StreamSource, cancelled_items
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,11 @@ class WorkerContext:
     clock: ServerClock
     stopping: threading.Event
     beater: Beater | None = None  # set by the owner, which knows what to beat
+    reads: RedisClient | None = None
+    """The client of the reads of new entries (StreamSource), which redis-py must not retry: a
+    read retried after its connection broke loses what the first one delivered (pending with
+    this consumer, served by nobody). Unretried, the worker backs off and serves its own
+    pending entries again. None: the reads use ``redis``."""
 
     @classmethod
     def create(cls, url: str, settings: WorkerSettings) -> WorkerContext:
@@ -82,8 +87,15 @@ class WorkerContext:
         name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         # The longest read blocks for idle_block (waiting for a first item) or max_latency
         # (filling a batch): the socket must outlive it, or a read that is only waiting fails.
-        longest_block = max(settings.idle_block, settings.max_latency)
-        return cls(name, create_redis(url, socket_timeout=longest_block + 5.0), ServerClock(), threading.Event())
+        timeout = max(settings.idle_block, settings.max_latency) + 5.0
+        return cls(name, create_redis(url, socket_timeout=timeout), ServerClock(), threading.Event(),
+                   reads=create_redis(url, socket_timeout=timeout, retries=0))
+
+    def close(self) -> None:
+        """Close the clients."""
+        self.redis.close()
+        if self.reads is not None:
+            self.reads.close()
 
 
 class StopOnSignal:
@@ -164,9 +176,13 @@ class RedisWorker:
         self.levels = self.settings.levels()
         self.quotas = self.settings.quotas()
         plain = self.levels.count == 1 and not self.levels.fair
+        self._stream = StreamSource(self._redis, self.keys, self.name, self.context.reads) if plain else None
         self._source: SingleLevel | LevelSource = (
-            SingleLevel(StreamSource(self._redis, self.keys, self.name)) if plain
-            else LevelSource(self._redis, self.keys, self.name, self.levels))
+            SingleLevel(self._stream) if self._stream is not None
+            else LevelSource(self._redis, self.keys, self.name, self.levels, self.context.reads))
+        # Whether a batch's FINISH goes out with the next read (StreamSource.carry): only in the
+        # loop of run_forever, where a read always follows a batch, on one level, one server.
+        self._carrying = False
         self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
                                       self.settings.heartbeat_interval, level) for level in range(self.levels.count)]
@@ -248,6 +264,8 @@ class RedisWorker:
         self._webhooks.start()
         logger.info("worker %s: serving prefix %r on %s: %s", self.name, self.keys.prefix, redacted(self.url),
                     serving_summary(self.settings, self.levels, self.quotas, generative=self._lane is not None))
+        # A cluster client's pipeline routes by slot: one more thing to trust for a round trip.
+        self._carrying = self._stream is not None and self._lane is None and isinstance(self._redis, redis.Redis)
         try:
             while not self._stopping.is_set():
                 self._beater.tick()
@@ -285,6 +303,11 @@ class RedisWorker:
 
         Returns the entries still pending with this worker (0 after a clean drain; the others, after
         a Redis error, are served again by whoever serves the prefix next)."""
+        self._carrying = False
+        try:
+            self._flush_carried()
+        except redis.RedisError as exc:  # its entries stay pending: whoever serves the prefix next runs them
+            logger.warning("worker %s: could not answer the last batch before stopping: %s", self.name, exc)
         self._drain_held()
         self._webhooks.stop(wait_webhooks)
         left = 0
@@ -345,7 +368,7 @@ class RedisWorker:
     def _shutdown(self) -> None:
         self.retire()
         self._beater.stop()
-        self._redis.close()
+        self.context.close()
         logger.info("worker %s: stopped after %d batches, %d items", self.name, self.stats.batches, self.stats.items)
         self._finish_drain()
 
@@ -357,6 +380,7 @@ class RedisWorker:
         wait = self.settings.idle_block if first_wait is None else first_wait
         try:
             if time.monotonic() >= self._next_reclaim:
+                self._flush_carried()  # the last batch's FINISH before anything else is asked
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
@@ -475,6 +499,9 @@ class RedisWorker:
         return Parsed(entry_id, fields, request, level=level, delivered=delivered)
 
     def _process(self, batch: list[Parsed], costs: list[int] | None = None) -> None:
+        # The last batch's answers are in Redis before the model runs again (a read of new
+        # entries took them along; held, reclaimed or isolated entries came without one).
+        self._flush_carried()
         self._beater.tick()
         requests: list[Request] = []
         request_costs: list[int] = []
@@ -500,7 +527,11 @@ class RedisWorker:
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran
                     if outcome is not WITHDRAWN]
         self.stats.cancelled += sum(outcome is WITHDRAWN for _, outcome in ran)
-        self._finish(answers, dead, [parsed.ref for parsed in batch])
+        self._finish(answers, dead, [parsed.ref for parsed in batch], carry=self._carrying)
+
+    def _flush_carried(self) -> None:
+        if self._stream is not None:
+            self._stream.flush()
 
     def _withdrawn(self, requests: Sequence[Request], delivered: float = 0.0) -> set[int]:
         """The positions of the requests whose callers withdrew them (rstreamer.cancel).
@@ -539,12 +570,13 @@ class RedisWorker:
         return [Answer(*address, _dead(type(exc).__name__, reason), reply_version(parsed.fields))]
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]],
-                pushes: Pushes | None = None) -> None:
+                pushes: Pushes | None = None, carry: bool = False) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
         (wire/lua/finish.lua): no reply without its ack, and a full Redis still drains. ``acks``: the
         ``(level, entry id)`` of every entry answered. ``pushes``: more messages per reply token,
         with the reply's TTL (a generative lane's chunks). Answers to job items are recorded in
-        their jobs first (see rstreamer.jobs.sink)."""
+        their jobs first (see rstreamer.jobs.sink). ``carry``: the script goes out with the next
+        read (StreamSource.carry), which follows at once."""
         answers = self._jobs.record(answers)
         by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
@@ -568,13 +600,18 @@ class RedisWorker:
         for level, entry_id in acks:
             by_level[level].append(entry_id)
         settings = self.settings
-        self._finish_script(
+        call = Carried(
+            self._finish_script,
             keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level),
                   *(self.keys.reply(token) for token in outgoing), *(self.keys.cancelled(token) for token in outgoing)],
             args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
                   *(len(ids) for ids in by_level.values()), *replies, *letters,
                   *(entry_id for ids in by_level.values() for entry_id in ids)],
         )
+        if carry and self._stream is not None:
+            self._stream.carry(call)
+        else:
+            call.run()
         self.stats.dead_lettered += len(dead)
 
     def _dead_record(self, letter: DeadLetter) -> list[bytes]:

@@ -305,7 +305,7 @@ class ShelfWorker:
             logger.warning("worker %s: could not unload its models cleanly: %s", self.name, exc)
         if self.context.beater is not None:
             self.context.beater.stop()
-        self._redis.close()
+        self.context.close()
         logger.info("worker %s: stopped after %d loads and %d evictions", self.name, self.loads, self.evictions)
         self._signals.finish()
 

@@ -383,3 +383,19 @@ def test_a_worker_that_may_not_publish_its_pace_keeps_serving(redis_client, redi
     finally:
         factory.stop_all()
         redis_client.acl_deluser(user)
+
+
+def test_a_worker_whose_redis_forgot_its_scripts_answers_every_call(redis_url, prefix, workers, tmp_path):
+    # A batch's FINISH goes out with the worker's next read as a bare EVALSHA (StreamSource.carry):
+    # after SCRIPT FLUSH (or a restart) the worker loads the script again and answers at once; it
+    # must not back off and serve the batch again forever.
+    log = tmp_path / "worker.log"
+    workers.start(prefix, log_path=log, log_level="WARNING")
+    client = redis.Redis.from_url(redis_url)
+    with RedisStreamer(redis_url, prefix, timeout=10) as streamer:
+        assert streamer.predict([1]) == [2]
+        for n in range(3):
+            client.script_flush()
+            assert streamer.predict([n]) == [2 * n]
+    client.close()
+    assert "retrying" not in log.read_text()
