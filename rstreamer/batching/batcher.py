@@ -278,7 +278,9 @@ class Failure:
         return cls(type(exc).__name__, str(exc), kind)
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per item on the hot path, and a frozen dataclass's __init__ costs
+# four times a plain one's (issue 26). Treat it as immutable all the same.
+@dataclass(slots=True)
 class Outcome(Generic[T]):
     """The result of one item: ``value`` when ``ok``, else ``failure``."""
 

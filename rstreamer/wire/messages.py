@@ -65,7 +65,9 @@ MAX_WIRE_MS = 2**53
 a float, and a reply TTL derived from it stays within what PEXPIRE accepts."""
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per item on the hot path, and a frozen dataclass's __init__ costs
+# four times a plain one's (issue 26). Treat it as immutable all the same.
+@dataclass(slots=True)
 class Request:
     """One item as a worker sees it; ``deadline`` is in seconds on the Redis server's clock."""
 
@@ -294,7 +296,7 @@ def _encoded_output(value: Any, max_bytes: int, version: int = WIRE_VERSION) -> 
 def _bin_header(size: int) -> bytes:
     """The msgpack header of a bin of ``size`` bytes (msgpack-python has no packer for it alone)."""
     if size < 1 << 8:
-        return b"\xc4" + struct.pack(">B", size)
+        return bytes((0xC4, size))
     if size < 1 << 16:
         return b"\xc5" + struct.pack(">H", size)
     return b"\xc6" + struct.pack(">I", size)
@@ -305,7 +307,9 @@ def _row_bytes(index: int, outcome: Outcome[Any], version: int, max_bytes: int) 
     if outcome.ok:
         output = _encoded_output(outcome.value, max_bytes - _ENVELOPE, version)
         if isinstance(output, bytes):
-            head: bytes = msgpack.packb(index) + msgpack.packb(True)
+            # A small index is its own msgpack (a positive fixint), and True is 0xc3: msgpack.packb
+            # builds a Packer per call, twice per item a worker answers (issue 26).
+            head = (bytes((index,)) if 0 <= index < 0x80 else codec.packb(index)) + b"\xc3"
             if version != PREVIOUS_VERSION:
                 head += _bin_header(len(output))
             return b"\x93" + head + output  # 0x93: an array of three
