@@ -53,10 +53,11 @@ local levels, bounds, fair = published_levels(KEYS[1])
 -- a bucket or a held item needs it (a lone call on an idle prefix: GET, XLEN and XADD; issue 26).
 local quotas = tenants > 0 and published_quotas(KEYS[2])
 local clock = lazy_clock()
-local backlog, undelivered, age, queued_bytes = {}, {}, {}, 0
+local lks, backlog, undelivered, age, queued_bytes = {}, {}, {}, {}, 0
 for l = 1, streams do
-  local lk, bytes = level_keys(3 + tenants, l), 0
-  backlog[l], undelivered[l], age[l], bytes = level_queue(lk, group, fair, max_bytes > 0, clock)
+  local bytes
+  lks[l] = level_keys(3 + tenants, l)
+  backlog[l], undelivered[l], age[l], bytes = level_queue(lks[l], group, fair, max_bytes > 0, clock)
   queued_bytes = queued_bytes + bytes
 end
 local function tenant_name(number) return number > 0 and ARGV[8 + number] or '' end
@@ -90,8 +91,7 @@ for c = 1, calls do
     limit = level_bound(bounds, level + 1, max_queue)
     local ahead = 0
     for l = 1, level + 1 do ahead = ahead + backlog[l] end
-    local lk = level_keys(3 + tenants, level + 1)
-    if room(lk[4], fair, tenant_name(tenant), ahead, limit, size) < size then
+    if room(lks[level + 1][4], fair, tenant_name(tenant), ahead, limit, size) < size then
       reason, detail = 1, ahead
     elseif max_bytes > 0 and queued_bytes + bytes > max_bytes then reason, detail, limit = 2, queued_bytes, max_bytes
     elseif age[level + 1] * 1000 > permille * remaining then reason, detail, limit = 3, age[level + 1], 0
@@ -104,7 +104,7 @@ for c = 1, calls do
     end
     local added
     local l = level + 1
-    added, undelivered[l] = add(level_keys(3 + tenants, l), fair, tenant_name(tenant), token, index, size, fields_of,
+    added, undelivered[l] = add(lks[l], fair, tenant_name(tenant), token, index, size, fields_of,
                                 remaining, undelivered[l], fair and clock() or 0, backlog[l] - undelivered[l])
     for _, id in ipairs(added) do ids[#ids + 1] = id end
     backlog[level + 1] = backlog[level + 1] + size

@@ -18,7 +18,7 @@ local function hold(queue, items, clock, tenant, token, first, fields_of, count,
   for k = 0, count - 1 do
     local id = token .. ':' .. (first + k)
     redis.call('ZADD', queue, start + k, id)
-    redis.call('HSET', items, id, cmsgpack.pack({now_ms, fields_of(k), tenant}))
+    redis.call('HSET', items, id, cmsgpack.pack({now_ms, {fields_of(k)}, tenant}))
   end
   redis.call('HSET', clock, tenant, start + count)
   if redis.call('HINCRBY', clock, '#' .. tenant, count) == count then redis.call('HINCRBY', clock, '*', 1) end
