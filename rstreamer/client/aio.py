@@ -62,6 +62,7 @@ class AsyncRedisStreamer:
         self.redis = create_async_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                         max_connections=max_connections)
         self.gate = gate or WorkerGate.for_settings(self.keys.prefix, self.settings)
+        self._read_gate = functools.partial(aread_gate, self.redis, self.keys)
         self._enqueue_script = scripts(self.redis).enqueue_calls
         self._cancel_script = scripts(self.redis).cancel
         self._poppers: set[asyncio.Future[None]] = set()
@@ -98,7 +99,7 @@ class AsyncRedisStreamer:
 
     async def _admit(self, call: Call) -> Call:
         """``call`` as it may be enqueued, or NoLiveWorker (see :mod:`rstreamer.client.gate`)."""
-        cold = await self.gate.aadmit(functools.partial(aread_gate, self.redis, self.keys), call.expires_at)
+        cold = await self.gate.aadmit(self._read_gate, call.expires_at)
         return self.calls.cold(call, self.gate.cold_start_wait) if cold else call
 
     def _spawn(self, work: Coroutine[Any, Any, None], tasks: set[asyncio.Future[None]] | None = None) -> None:

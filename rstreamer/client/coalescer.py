@@ -58,10 +58,12 @@ class CallState(enum.Enum):
 class Ticket:
     """One call's place in the coalescer; only the Coalescer changes it, under its lock."""
 
-    __slots__ = ("future", "state", "error", "offset", "token", "entries", "group", "_settled")
+    __slots__ = ("future", "size", "expires_at", "state", "error", "offset", "token", "entries", "group", "_settled")
 
     def __init__(self, future: RedisFuture) -> None:
         self.future = future
+        self.size = len(future.call.payloads)
+        self.expires_at = future.call.expires_at  # the call's deadline on the monotonic clock
         self.state = CallState.PENDING
         self.error: BaseException | None = None
         self.offset = 0  # index of its first item in its group's reply
@@ -70,11 +72,6 @@ class Ticket:
         self.group: ReplyGroup | None = None
         self._settled = threading.Lock()
         self._settled.acquire()  # released once the ENQUEUE has decided
-
-    @property
-    def expires_at(self) -> float:
-        """The call's deadline on the monotonic clock."""
-        return self.future.call.expires_at
 
     def start_sending(self, offset: int) -> None:
         """PENDING -> SENDING: the call joins an ENQUEUE, its first item at ``offset`` of the reply."""
@@ -309,24 +306,24 @@ class Coalescer:
     def _take(self) -> list[Ticket]:
         """The pending calls in order, up to MAX_GROUP_ITEMS items; none (and no flusher) when
         none is left. Calls past their deadline are dropped."""
+        # One pass under the lock, which every caller takes to queue its call (issue 26).
+        taken: list[Ticket] = []
+        left: list[Ticket] = []
+        items = 0
         with self._lock:
             now = time.monotonic()
-            for ticket in [t for t in self._pending if t.expires_at <= now]:
-                self._pending.remove(ticket)
-                ticket.drop()
-            if not self._pending:
-                self._flushing = False
-                return []
-            taken: list[Ticket] = []
-            items = 0
             for ticket in self._pending:
-                size = len(ticket.future.call.payloads)
-                if taken and items + size > MAX_GROUP_ITEMS:
-                    break
-                ticket.start_sending(items)
-                taken.append(ticket)
-                items += size
-            del self._pending[:len(taken)]
+                if ticket.expires_at <= now:
+                    ticket.drop()
+                elif not left and (not taken or items + ticket.size <= MAX_GROUP_ITEMS):
+                    ticket.start_sending(items)
+                    taken.append(ticket)
+                    items += ticket.size
+                else:
+                    left.append(ticket)  # the next ENQUEUE's, in order
+            self._pending = left
+            if not taken:
+                self._flushing = False
             return taken
 
     def _send(self, taken: list[Ticket]) -> ReplyGroup | None:
@@ -345,9 +342,8 @@ class Coalescer:
         group = ReplyGroup(taken[0].future.call.reply_key, accepted) if accepted else None
         ids = iter(admission.ids)
         for ticket in accepted:
-            size = len(ticket.future.call.payloads)
             ticket.token, ticket.group = taken[0].future.call.token, group
-            ticket.entries = [(next(ids), ticket.offset + i) for i in range(size)]
+            ticket.entries = [(next(ids), ticket.offset + i) for i in range(ticket.size)]
         self._settle([(t, None if v.added else self._calls.refusal(v, t.future.call))
                       for t, v in zip(taken, admission.verdicts, strict=True)])
         cancelled = [ticket for ticket in accepted if ticket.future.cancelled()]

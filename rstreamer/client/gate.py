@@ -103,10 +103,14 @@ class WorkerGate:
 
     def _claim(self) -> bool:
         now = self._clock()
-        if self._refreshing or (self._read_at is not None and now - self._read_at < self.interval):
+        if not self._due(now):
             return False
         self._read_at = now  # the others keep the last verdict while this read is in flight
         return True
+
+    def _due(self, now: float) -> bool:
+        """Whether a read is due (nobody reads now and the last read is ``interval`` old)."""
+        return not self._refreshing and (self._read_at is None or now - self._read_at >= self.interval)
 
     def update(self, heartbeats: Heartbeats, known_prefixes: list[str] | None = None) -> None:
         """Record a read of the heartbeats (and, when given, the prefixes the Redis knows)."""
@@ -183,16 +187,22 @@ class WorkerGate:
         due (in a daemon thread) and, if the verdict would refuse, waits for it at most ``wait``
         seconds and never past the monotonic time ``until``. True: a cold call, let through
         to wait for a worker because of ``cold_start_wait``."""
-        with self._lock:
-            if self._claim():
-                self._refreshing = True
-                threading.Thread(target=self._refresh, args=(read,), name="rstreamer-gate", daemon=True).start()
+        # Asked without the lock first: every call of a busy process passes here, and a read is
+        # due once per interval (the claim itself is made under the lock; issue 26).
+        if self._due(self._clock()):
+            self._claim_and_read(read)
         if self._undecided():
             bound = self._wait_bound(until)
             with self._lock:
                 if not self._read_done.wait_for(lambda: not self._refreshing, bound):
                     return False  # Redis slow or stalled: the call itself says why it fails
         return self._decide()
+
+    def _claim_and_read(self, read: Read) -> None:
+        with self._lock:
+            if self._claim():
+                self._refreshing = True
+                threading.Thread(target=self._refresh, args=(read,), name="rstreamer-gate", daemon=True).start()
 
     def _decide(self) -> bool:
         error = self.verdict()

@@ -51,6 +51,7 @@ class RedisStreamer(BaseStreamer):
         self.redis = create_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                   max_connections=MAX_CONNECTIONS)
         self.gate = gate or WorkerGate.for_settings(self.keys.prefix, self.settings)
+        self._read_gate = functools.partial(read_gate, self.redis, self.keys)
         self._coalescer = Coalescer(self.redis, self.url, self.calls)
         self.jobs = JobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes,
                               max_queue=self.settings.max_queue)
@@ -96,7 +97,7 @@ class RedisStreamer(BaseStreamer):
 
     def _admit(self, call: Call) -> Call:
         """``call`` as it may be enqueued, or NoLiveWorker (see :mod:`rstreamer.client.gate`)."""
-        cold = self.gate.admit(functools.partial(read_gate, self.redis, self.keys), call.expires_at)
+        cold = self.gate.admit(self._read_gate, call.expires_at)
         return self.calls.cold(call, self.gate.cold_start_wait) if cold else call
 
     def _submit(self, batch: list[Any], timeout: float | None, priority: int, tenant: str | None,
