@@ -26,15 +26,13 @@ import redis
 
 from rstreamer.broker.embedded import EmbeddedRedis
 from rstreamer.wire.keys import Keys
-from support.keyleaks import leaked_keys
-from support.procs import WorkerProcesses, live_pids, wait_until
-from support.web import WebServer, WebServers
+from support.openai_fleet import CHAT_MODEL, EMBEDDING_MODEL, OpenAIFleet, openai_fleet
+from support.procs import live_pids, wait_until
+from support.web import WebServer
 from webapp.openai.auth import digest
 
 pytestmark = pytest.mark.timeout(600)
 
-CHAT_MODEL = "workers.llm:ChatModel"
-LOAD_TIMEOUT = 240  # a worker imports torch and transformers, then loads the weights
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 COUNTING = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
 KEYS = {"tight": "sk-test-tight-" + uuid.uuid4().hex, "acme": "sk-test-acme-" + uuid.uuid4().hex}
@@ -42,22 +40,8 @@ SERVERS = ("gunicorn", "uvicorn")
 
 
 @dataclass
-class Fleet:
-    url: str
-    base: str
-    chat: str
-    embed: str
-    workers: WorkerProcesses
-    web: WebServers
-    servers: dict[str, WebServer] = field(default_factory=dict)
+class Fleet(OpenAIFleet):
     chat_procs: list[Any] = field(default_factory=list)
-    clients: list[openai.OpenAI] = field(default_factory=list)
-
-    def client(self, server: str = "gunicorn", **options: Any) -> openai.OpenAI:
-        """An OpenAI client of a server (closed with the fleet)."""
-        options.setdefault("api_key", "unused")
-        self.clients.append(openai.OpenAI(base_url=self.servers[server].url + "/v1", **options))
-        return self.clients[-1]
 
     def start_chat_worker(self) -> Any:
         # tight: one call per 100 s, the tenant of the quota test.
@@ -65,9 +49,6 @@ class Fleet:
                                   settings={"tenant_quotas": "tight=0.01:1"})
         self.chat_procs.append(proc)
         return proc
-
-    def wait_live(self, prefix: str, pids: set[int]) -> None:
-        wait_until(lambda: pids <= live_pids(self.url, prefix), LOAD_TIMEOUT, what=f"workers on {prefix}")
 
 
 def web_env(fleet: Fleet, **extra: str) -> dict[str, str]:
@@ -77,27 +58,15 @@ def web_env(fleet: Fleet, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: EmbeddedRedis) -> Iterator[Fleet]:
-    if redis_server._process is None or redis_server._process.poll() is not None:
-        redis_server.start()
-    base = f"test-{uuid.uuid4().hex[:10]}"
-    fleet = Fleet(redis_server.url, base, f"{base}-chat", f"{base}-embed", WorkerProcesses(redis_server.url),
-                  WebServers(redis_server.url))
-    try:
+    with openai_fleet(redis_server, Fleet) as fleet:
         chats = {fleet.start_chat_worker().pid, fleet.start_chat_worker().pid}
-        embed = fleet.workers.start(fleet.embed, model="workers.embedding:EmbeddingModel", wait=False,
+        embed = fleet.workers.start(fleet.embed, model=EMBEDDING_MODEL, wait=False,
                                     init_kwargs={"torch_threads": 1}, batch_size=8)
         fleet.servers["gunicorn"] = fleet.web.gunicorn(fleet.chat, **web_env(fleet))
         fleet.servers["uvicorn"] = fleet.web.uvicorn(fleet.chat, **web_env(fleet))
         fleet.wait_live(fleet.chat, chats)
         fleet.wait_live(fleet.embed, {embed.pid})
         yield fleet
-    finally:
-        for client in fleet.clients:
-            client.close()
-        fleet.web.stop_all()
-        fleet.workers.stop_all()
-    leaked = leaked_keys(redis_server.url, base)
-    assert not leaked, f"keys left without a TTL: {leaked[:20]}"
 
 
 def responses_seen(server: WebServer, route: str, status: int) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import openai
@@ -19,62 +18,38 @@ import pytest
 
 from rstreamer import RedisStreamer
 from rstreamer.broker.embedded import EmbeddedRedis
-from support.keyleaks import leaked_keys
-from support.procs import WorkerProcesses, live_pids, wait_until
-from support.web import WebServer, WebServers
+from support.openai_fleet import CHAT_MODEL, EMBEDDING_MODEL, OpenAIFleet, openai_fleet
+from support.procs import wait_until
 from webapp.openai.auth import digest
 
 pytestmark = pytest.mark.timeout(600)
 
-LOAD_TIMEOUT = 240
 SERVERS = ("gunicorn", "uvicorn")
 KEYS = {"alice": "sk-test-alice-" + uuid.uuid4().hex, "bob": "sk-test-bob-" + uuid.uuid4().hex}
 
 
-@dataclass
-class Fleet:
-    url: str
-    base: str
-    chat: str
-    embed: str
-    servers: dict[str, WebServer] = field(default_factory=dict)
-    clients: list[openai.OpenAI] = field(default_factory=list)
-
-    def client(self, server: str, api_key: str = "unused") -> openai.OpenAI:
-        self.clients.append(openai.OpenAI(base_url=self.servers[server].url + "/v1", api_key=api_key, max_retries=0))
-        return self.clients[-1]
+class Fleet(OpenAIFleet):
+    def client(self, server: str = "gunicorn", api_key: str = "unused", **options: Any) -> openai.OpenAI:
+        """A client that never retries: each test counts what the server did."""
+        return super().client(server, api_key, max_retries=0, **options)
 
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: EmbeddedRedis) -> Iterator[Fleet]:
-    if redis_server._process is None or redis_server._process.poll() is not None:
-        redis_server.start()
-    base = f"test-{uuid.uuid4().hex[:10]}"
-    fleet = Fleet(redis_server.url, base, f"{base}-chat", f"{base}-embed")
-    workers, web = WorkerProcesses(redis_server.url), WebServers(redis_server.url)
-    try:
+    with openai_fleet(redis_server, Fleet) as fleet:
         # Two levels: the batches' jobs take the least urgent one, behind interactive calls.
-        chat = workers.start(fleet.chat, model="workers.llm:ChatModel", wait=False, batch_size=4,
-                             settings={"priorities": "4,1"})
-        embed = workers.start(fleet.embed, model="workers.embedding:EmbeddingModel", wait=False,
-                              init_kwargs={"torch_threads": 1})
-        env = {"RSTREAMER_OPENAI_STORE": base}
-        fleet.servers["gunicorn"] = web.gunicorn(fleet.chat, **env)
-        fleet.servers["uvicorn"] = web.uvicorn(fleet.chat, **env)
+        chat = fleet.workers.start(fleet.chat, model=CHAT_MODEL, wait=False, batch_size=4,
+                                   settings={"priorities": "4,1"})
+        embed = fleet.workers.start(fleet.embed, model=EMBEDDING_MODEL, wait=False, init_kwargs={"torch_threads": 1})
+        env = {"RSTREAMER_OPENAI_STORE": fleet.base}
+        fleet.servers["gunicorn"] = fleet.web.gunicorn(fleet.chat, **env)
+        fleet.servers["uvicorn"] = fleet.web.uvicorn(fleet.chat, **env)
         keys = ",".join(f"{tenant}={digest(key)}" for tenant, key in KEYS.items())
-        fleet.servers["keyed"] = web.uvicorn(fleet.chat, RSTREAMER_API_KEYS=keys,
-                                             RSTREAMER_OPENAI_FILE_MAX_BYTES="4096", **env)
-        for prefix, proc in ((fleet.chat, chat), (fleet.embed, embed)):
-            wait_until(lambda p=prefix, pid=proc.pid: pid in live_pids(fleet.url, p), LOAD_TIMEOUT,  # type: ignore
-                       what=f"the worker of {prefix}")
+        fleet.servers["keyed"] = fleet.web.uvicorn(fleet.chat, RSTREAMER_API_KEYS=keys,
+                                                   RSTREAMER_OPENAI_FILE_MAX_BYTES="4096", **env)
+        fleet.wait_live(fleet.chat, {chat.pid})
+        fleet.wait_live(fleet.embed, {embed.pid})
         yield fleet
-    finally:
-        for client in fleet.clients:
-            client.close()
-        web.stop_all()
-        workers.stop_all()
-    leaked = leaked_keys(redis_server.url, base)
-    assert not leaked, f"keys left without a TTL: {leaked[:20]}"
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
