@@ -98,14 +98,18 @@ def main(argv: list[str]) -> int:
     registry = CollectorRegistry()
     registry.register(QueueCollector(lambda: list(sampler.state()["prefixes"]), lambda: sampler.state()["error"],
                                      args.drain_target))
+    # A first sample before /metrics answers (a Redis that does not answer yet is reported, then
+    # retried): a scrape in between would read redis_up 0 and no prefix from an exporter that had
+    # not looked yet.
+    sampler.start()
     try:
         server, _ = start_http_server(args.port, args.host, registry=registry)
     except OSError as exc:
+        sampler.stop()
         print(f"rstreamer exporter: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
     _stop_on_signals(stop)
-    sampler.start()  # a first sample now (a Redis that does not answer yet is reported, then retried)
     host, port = str(server.server_address[0]), server.server_address[1]
     print(f"rstreamer exporter: http://{host}:{port}/metrics (Redis {redacted(url)}; "
           f"{'prefixes ' + ', '.join(args.prefix) if args.prefix else 'every prefix'})", flush=True)

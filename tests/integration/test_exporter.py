@@ -37,6 +37,9 @@ def test_the_exporter_reports_every_prefix_and_nothing_stale_while_redis_is_away
         client = redis.Redis.from_url(server.url)
         ensure_group(client, Keys("alpha"))
         client.xadd(Keys("alpha").requests, {"x": "1"})
+        # Redis answers nobody for 3 s, longer than the exporter takes to start: its first sample
+        # waits, and /metrics must not answer "Redis down" before that sample has looked.
+        client.client_pause(3000)
         with open(log, "wb") as out:
             proc = subprocess.Popen([*EXPORTER, "--redis", server.url, "--port", str(port), "--interval", "0.2"],
                                     env=procs_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
