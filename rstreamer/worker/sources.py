@@ -49,7 +49,6 @@ class StreamSource:
         # The last own pending entry served, "-" for none yet; None: serve new entries.
         self._cursor: str | None = "-"
         self._carried: Carried | None = None
-        self._pipeline: redis.client.Pipeline | None = None  # reused: only the worker's loop reads
         self.fresh = False
         """Whether the last fetch's entries were delivered new (XREADGROUP '>'), not served again."""
 
@@ -87,35 +86,48 @@ class StreamSource:
             self._cursor = None
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms; no BLOCK: no wait.
         block = max(1, int(timeout * 1000)) if timeout > 0 else None
-        streams: dict[KeyT, StreamIdT] = {self._keys.requests: ">"}
         carried, self._carried = self._carried, None
         fresh = True
         try:
             if carried is None:
-                reply = self._reads.xreadgroup(self._keys.group, self._consumer, streams, count=max_items, block=block)
+                streams: dict[KeyT, StreamIdT] = {self._keys.requests: ">"}
+                reply = cast("list[tuple[bytes, list[Entry]]] | None", self._reads.xreadgroup(
+                    self._keys.group, self._consumer, streams, count=max_items, block=block))
+                entries = [(entry_id, fields) for _, stream_entries in (reply or [])
+                           for entry_id, fields in stream_entries]
             else:
-                reply, fresh = self._read_carrying(carried, streams, max_items, block)
+                entries, fresh = self._read_carrying(carried, max_items, block)
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             ensure_group(self._client, self._keys)
             return []
         self.fresh = fresh
-        read = cast("list[tuple[bytes, list[Entry]]] | None", reply)  # our client does not decode replies
-        return [(entry_id, fields) for _, stream_entries in (read or []) for entry_id, fields in stream_entries]
+        return entries
 
-    def _read_carrying(self, carried: Carried, streams: dict[KeyT, StreamIdT], max_items: int,
-                       block: int | None) -> tuple[Any, bool]:
-        """The carried call, then XREADGROUP, in one pipeline: the read's reply, and whether its
-        entries are fresh (not when the call had to run again after the read). Raises the call's
-        error (its entries and those just read are then served again, see rewind) or the read's."""
-        if self._pipeline is None:
-            self._pipeline = cast("redis.client.Pipeline", self._reads.pipeline(transaction=False))
-        pipe = self._pipeline  # empty again after each execute()
-        # EVALSHA itself: a Script in a pipeline asks SCRIPT EXISTS first, one more round trip.
-        pipe.evalsha(carried.script.sha, len(carried.keys), *carried.keys, *carried.args)
-        pipe.xreadgroup(self._keys.group, self._consumer, streams, count=max_items, block=block)
-        finished, reply = pipe.execute(raise_on_error=False)
+    def _read_carrying(self, carried: Carried, max_items: int, block: int | None) -> tuple[list[Entry], bool]:
+        """The carried call, then XREADGROUP, sent together: the entries read, and whether they are
+        fresh (not when the call had to run again after the read). Raises the call's error (its
+        entries and those just read are then served again, see rewind) or the read's."""
+        read: list[Any] = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items]
+        if block is not None:
+            read += ["BLOCK", block]
+        read += ["STREAMS", self._keys.requests, ">"]
+        # Written on one connection and read back in order, not through a redis-py Pipeline, whose
+        # machinery per call (command stack, retry wrapper, callbacks, reset) cost the worker 20 us
+        # a batch; the reads client never retries anyway (WorkerContext.reads). The EVALSHA is
+        # bare: a Script in a pipeline asks SCRIPT EXISTS first, one more round trip.
+        pool = cast("redis.Redis", self._reads).connection_pool
+        connection: Any = pool.get_connection()  # redis-py leaves most of Connection unannotated
+        try:
+            connection.send_packed_command(connection.pack_commands([
+                ["EVALSHA", carried.script.sha, len(carried.keys), *carried.keys, *carried.args], read]))
+            finished, reply = _response(connection), _response(connection)
+        except BaseException:
+            connection.disconnect()  # half a conversation: the next user must not read the rest
+            raise
+        finally:
+            pool.release(connection)
         fresh = True
         if isinstance(finished, redis.exceptions.NoScriptError):
             # Redis lost its scripts (a restart, SCRIPT FLUSH): loaded and run again. That takes
@@ -126,7 +138,10 @@ class StreamSource:
             raise finished
         if isinstance(reply, Exception):
             raise reply
-        return reply, fresh
+        # XREADGROUP's reply as Redis sends it: {stream: entries} in RESP3, [[stream, entries]] in
+        # RESP2, None when nothing came; an entry is [id, [field, value, ...]].
+        streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply or []]
+        return [(entry_id, field_dict(flat)) for entries in streams for entry_id, flat in entries], fresh
 
     def _read_own_pending(self, cursor: str, max_items: int) -> list[Entry]:
         # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.
@@ -157,6 +172,15 @@ class ParsedSource:
         entries = self._source.fetch(max_items, timeout)
         delivered = time.monotonic() if self._source.fresh else 0.0
         return [self._parse(entry, level, delivered) for level, entry in entries]
+
+
+def _response(connection: Any) -> Any:
+    """The next reply on ``connection``: its value, or the error Redis answered (as an exception
+    object, so that the replies after it are still read)."""
+    try:
+        return connection.read_response()
+    except redis.ResponseError as exc:
+        return exc
 
 
 def cancelled_items(client: RedisClient, keys: Keys, items: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
