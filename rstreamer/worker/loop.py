@@ -76,10 +76,11 @@ class WorkerContext:
     stopping: threading.Event
     beater: Beater | None = None  # set by the owner, which knows what to beat
     reads: RedisClient | None = None
-    """The client of the reads of new entries (StreamSource), which redis-py must not retry: a
-    read retried after its connection broke loses what the first one delivered (pending with
-    this consumer, served by nobody). Unretried, the worker backs off and serves its own
-    pending entries again. None: the reads use ``redis``."""
+    """The client of the reads that deliver entries (StreamSource's XREADGROUP, LevelSource's
+    READ_LEVELS), which redis-py must not retry: a read retried after its connection broke
+    loses what the first one delivered (pending with this consumer, served by nobody).
+    Unretried, the worker backs off and serves its own pending entries again. None: the reads
+    use ``redis``."""
 
     @classmethod
     def create(cls, url: str, settings: WorkerSettings) -> WorkerContext:
@@ -181,7 +182,8 @@ class RedisWorker:
             SingleLevel(self._stream) if self._stream is not None
             else LevelSource(self._redis, self.keys, self.name, self.levels, self.context.reads))
         # Whether a batch's FINISH goes out with the next read (StreamSource.carry): only in the
-        # loop of run_forever, where a read always follows a batch, on one level, one server.
+        # loop of run_forever, where a read always follows a batch, on one level, one server, and
+        # not for a generative model (its lane pushes chunks that must go out at once).
         self._carrying = False
         self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
@@ -264,8 +266,7 @@ class RedisWorker:
         self._webhooks.start()
         logger.info("worker %s: serving prefix %r on %s: %s", self.name, self.keys.prefix, redacted(self.url),
                     serving_summary(self.settings, self.levels, self.quotas, generative=self._lane is not None))
-        # A cluster client's pipeline routes by slot: one more thing to trust for a round trip.
-        self._carrying = self._stream is not None and self._lane is None and isinstance(self._redis, redis.Redis)
+        self._carrying = self._stream is not None and self._stream.can_carry and self._lane is None
         try:
             while not self._stopping.is_set():
                 self._beater.tick()

@@ -58,6 +58,12 @@ class StreamSource:
         self._cursor = "-"
         self._carried = None
 
+    @property
+    def can_carry(self) -> bool:
+        """Whether :meth:`carry` may be used: the reads go to one server (a Cluster client has no
+        single connection to write a call and a read on)."""
+        return isinstance(self._reads, redis.Redis)
+
     def carry(self, call: Carried) -> None:
         """Send ``call`` (the FINISH of the batch a worker just ran) in the same round trip as the
         next read: one round trip per batch instead of two, which cost the worker and Redis
@@ -117,7 +123,7 @@ class StreamSource:
         # machinery per call (command stack, retry wrapper, callbacks, reset) cost the worker 20 us
         # a batch; the reads client never retries anyway (WorkerContext.reads). The EVALSHA is
         # bare: a Script in a pipeline asks SCRIPT EXISTS first, one more round trip.
-        pool = cast("redis.Redis", self._reads).connection_pool
+        pool = cast("redis.Redis", self._reads).connection_pool  # see can_carry
         connection: Any = pool.get_connection()  # redis-py leaves most of Connection unannotated
         try:
             connection.send_packed_command(connection.pack_commands([

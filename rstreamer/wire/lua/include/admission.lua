@@ -111,9 +111,10 @@ local function entry_fields(version, token, index, remaining, deadline, payload,
   return 'v', version, 't', token, 'i', index, 'r', remaining, 'd', deadline, 'p', payload
 end
 -- Add count items of one call or job (fields_of(k): the fields of its k-th item's entry, as
--- entry_fields gives them, numbered from first) to a level (lk as for level_queue): with fair sharing held, ids 'token:index', and
--- when the stream has nothing undelivered one moves to it at once, which wakes the workers;
--- otherwise onto the stream. Returns the ids added and the level's undelivered count after.
+-- entry_fields gives them, numbered from first) to a level (lk as for level_queue): with fair
+-- sharing held, ids 'token:index', and when the stream has nothing undelivered one moves to it
+-- at once, which wakes the workers; otherwise onto the stream. Returns the ids added and the
+-- level's undelivered count after.
 -- held: the items the level holds, when known. A single item for a fair level that holds none
 -- and has nothing undelivered goes onto the stream at once, as holding it and moving it would
 -- (its turn comes first, and with nothing held the clocks start again: deleted), in two
