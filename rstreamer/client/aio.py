@@ -65,8 +65,8 @@ class AsyncRedisStreamer:
         self._read_gate = functools.partial(aread_gate, self.redis, self.keys)
         self._enqueue_script = scripts(self.redis).enqueue_calls
         self._cancel_script = scripts(self.redis).cancel
-        self._poppers: set[asyncio.Future[None]] = set()
-        self._withdrawals: set[asyncio.Future[None]] = set()
+        self._poppers: set[asyncio.Future[Any]] = set()
+        self._withdrawals: set[asyncio.Future[Any]] = set()
         self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes,
                                    max_queue=self.settings.max_queue)
 
@@ -102,7 +102,7 @@ class AsyncRedisStreamer:
         cold = await self.gate.aadmit(self._read_gate, call.expires_at)
         return self.calls.cold(call, self.gate.cold_start_wait) if cold else call
 
-    def _spawn(self, work: Coroutine[Any, Any, None], tasks: set[asyncio.Future[None]] | None = None) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, object], tasks: set[asyncio.Future[Any]] | None = None) -> None:
         """Run ``work`` in a task of its own, kept in ``tasks`` (the poppers, which aclose()
         cancels, by default) until done."""
         kept = self._poppers if tasks is None else tasks
@@ -123,11 +123,12 @@ class AsyncRedisStreamer:
         if future.cancelled():  # cancelled while the ENQUEUE ran
             await self._withdraw(future, whole=True)
 
-    async def _withdraw(self, future: AsyncFuture, whole: bool) -> None:
-        """Withdraw the unanswered items of a cancelled or timed-out call (see rstreamer.wire.cancel)."""
+    async def _withdraw(self, future: AsyncFuture, whole: bool) -> bool:
+        """Withdraw the unanswered items of a cancelled or timed-out call (see rstreamer.wire.cancel).
+        True when its reply key became a tombstone (withdrawn whole while a worker held an item)."""
         entries = [(entry_id, index) for entry_id, index in future.entries if not future.answered(index)]
         if not entries:
-            return
+            return False
         call = future.call
         ttl = call.remaining()
         try:
@@ -137,6 +138,8 @@ class AsyncRedisStreamer:
             future.held.update(int(index) for index in reply[1:])
         except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
             logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
+            return False
+        return whole and len(reply) > 1
 
     async def _pop_replies(self, future: AsyncFuture) -> None:
         """Pop the call's reply key until it is answered or past its deadline."""
@@ -160,8 +163,8 @@ class AsyncRedisStreamer:
             if popped:
                 future.deliver_reply(cast(bytes, popped[1]))  # our client does not decode replies
         if not future.done():
-            await self._withdraw(future, whole=True)
-            await self._delete(call.reply_key)
+            if not await self._withdraw(future, whole=True):  # a tombstone keeps a late answer out
+                await self._delete(call.reply_key)
 
     async def _delete(self, reply_key: str) -> None:
         # A late answer re-creates the key with a TTL; deleting now frees what came so far.

@@ -236,9 +236,11 @@ class Coalescer:
         with self._lock:
             self._withdrawals.discard(task)
 
-    def _withdraw(self, tickets: list[Ticket], whole: bool) -> None:
+    def _withdraw(self, tickets: list[Ticket], whole: bool) -> bool:
         """Run CANCEL for the unanswered items of ``tickets``; best effort: a worker that still
-        runs an item answers a reply key that nobody reads and that expires."""
+        runs an item answers a reply key that nobody reads and that expires. True when the group's
+        reply key became a tombstone (withdrawn whole while a worker held an item): it must stay."""
+        tombstoned = False
         for ticket in tickets:
             entries = [(entry_id, index) for entry_id, index in ticket.entries
                        if not ticket.future.answered(index - ticket.offset)]
@@ -251,8 +253,10 @@ class Coalescer:
                     reply = self._cancel(**cancel_args(self._calls.keys, ticket.token, ticket.future.call.priority,
                                                        entries, ttl, group_whole))
                 ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
+                tombstoned = tombstoned or (group_whole and len(reply) > 1)
             except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
                 logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
+        return tombstoned
 
     def close(self) -> None:
         """Refuse new calls, let pending withdrawals finish (at most WITHDRAW_GRACE s) and stop the
@@ -390,7 +394,8 @@ class Coalescer:
             if self._serving():
                 # Timed out or cancelled: nobody waits for the rest; withdraw what has not run.
                 # (Not on close(): the calls of a closed streamer stay queued, as they always did.)
-                self._withdraw([t for t in group.tickets if not t.future.done()], True)
+                if self._withdraw([t for t in group.tickets if not t.future.done()], True):
+                    return  # the tombstone keeps a late answer out (and freed what came)
             self._delete(group.reply_key)
 
     def _serving(self) -> bool:

@@ -604,7 +604,7 @@ class RedisWorker:
         call = Carried(
             self._finish_script,
             keys=[self.keys.dead, *(self.keys.requests_at(level) for level in by_level),
-                  *(self.keys.reply(token) for token in outgoing), *(self.keys.cancelled(token) for token in outgoing)],
+                  *(self.keys.reply(token) for token in outgoing)],
             args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
                   *(len(ids) for ids in by_level.values()), *replies, *letters,
                   *(entry_id for ids in by_level.values() for entry_id in ids)],

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from rstreamer import AsyncRedisStreamer, Cancelled, RedisStreamer, StreamerTimeout
+from rstreamer.wire.cancel import cancel_args
+from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
+from rstreamer.wire.scripts import scripts
 from support import procs
 from support.procs import wait_until
 
@@ -99,20 +102,67 @@ def test_a_cancelled_item_already_running_is_not_answered(redis_client, redis_ur
         wait_until(lambda: redis_client.xlen(keys.requests) == 0, what="the worker to finish with the item")
         assert streamer.predict([1]) == [2]
     assert executions(log)[-1] == "1"
-    assert not redis_client.exists(keys.reply(token)), "the reply of a withdrawn call is dropped by the worker"
+    assert redis_client.type(keys.reply(token)) != b"list", "the reply of a withdrawn call is dropped by the worker"
 
 
-def test_a_call_that_times_out_withdraws_its_items(redis_client, redis_url, prefix, recorder):
+@pytest.mark.parametrize("whole", [True, False])
+def test_finish_writes_no_reply_for_a_token_withdrawn_whole_and_still_acks(redis_client, prefix, whole):
+    # A worker holds the entry when its caller withdraws it, then finishes its batch.
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)
+    entry = redis_client.xadd(keys.requests, {"t": "c1:0", "i": 0})
+    redis_client.xreadgroup(keys.group, "w1", {keys.requests: ">"})
+    marked = scripts(redis_client).cancel(**cancel_args(keys, "c1:0", 0, [(entry, 0)], 5.0, whole))
+    assert marked == [0, 0], "held by a worker: marked, not deleted"
+    scripts(redis_client).finish(keys=[keys.dead, keys.requests, keys.reply("c1:0")],
+                                 args=[keys.group, 1, 0, 100, 10_000, 1, 60_000, 1, b"answer", entry])
+    assert redis_client.xpending(keys.requests, keys.group)["pending"] == 0
+    assert redis_client.xlen(keys.requests) == 0
+    if whole:  # nobody waits on the token: nothing is written to its reply key, which expires
+        assert redis_client.type(keys.reply("c1:0")) == b"string"
+        assert 55_000 < redis_client.pttl(keys.reply("c1:0")) <= 60_000
+    else:  # other calls share the token: their replies still come
+        assert redis_client.lrange(keys.reply("c1:0"), 0, -1) == [b"answer"]
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_a_call_that_times_out_while_a_worker_runs_it_gets_no_reply_written(redis_client, redis_url, prefix,
+                                                                             recorder, client):
     log = recorder()
-    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
-        blocker = streamer.submit([BLOCKER])
-        wait_until(lambda: pending(redis_client, prefix) == 1, what="the worker busy with the blocker")
-        with pytest.raises(StreamerTimeout):
-            streamer.predict([5, 6], timeout=0.3)
-        wait_until(lambda: redis_client.xlen(Keys(prefix).requests) == 1, what="the timed-out entries deleted")
-        assert blocker.result() == ["slept"]
-        assert streamer.predict([9]) == [18]
-    assert executions(log) == [repr(BLOCKER), "9"]
+    keys = Keys(prefix)
+    blocker = ["sleep", 3.0]  # still running when its caller gives up, 1.5 s in
+
+    def held() -> bool:
+        return pending(redis_client, prefix) == 1
+
+    async def timed_out_async() -> str:
+        async with AsyncRedisStreamer(redis_url, prefix) as streamer:
+            assert await streamer.predict([1]) == [2]
+            future = await streamer.submit([blocker], timeout=1.5)
+            await until(held, what="the worker to hold the item")
+            with pytest.raises(StreamerTimeout):
+                await future
+            # Its popper withdraws it after the deadline, while the worker still runs it.
+            await until(lambda: redis_client.type(keys.reply(future.call.token)) == b"string",
+                        what="the withdrawal")
+            return future.call.token
+
+    if client == "async":
+        token = asyncio.run(timed_out_async())
+    else:
+        with RedisStreamer(redis_url, prefix) as streamer:
+            assert streamer.predict([1]) == [2]
+            future = streamer.submit([blocker], timeout=1.5)
+            wait_until(held, what="the worker to hold the item")
+            with pytest.raises(StreamerTimeout):
+                future.result()
+            token = future.call.token
+            wait_until(lambda: redis_client.type(keys.reply(token)) == b"string", what="the withdrawal")
+    wait_until(lambda: redis_client.xlen(keys.requests) == 0, what="the worker to finish the item")
+    assert executions(log) == ["1", repr(blocker)]
+    # The caller's streamer left the tombstone in place: the worker's late answer was not written.
+    assert redis_client.type(keys.reply(token)) == b"string"
+    assert redis_client.pttl(keys.reply(token)) > 0
 
 
 async def until(predicate, timeout: float = 10.0, what: str = "") -> None:

@@ -85,14 +85,15 @@ def test_job_create_refuses_a_tenant_or_level_its_keys_do_not_match(redis_client
 
 
 @pytest.mark.parametrize("ttl", TOO_LONG)
-def test_cancel_refuses_a_ttl_out_of_bounds_and_withdraws_nothing(redis_client, prefix, fair, ttl):
+@pytest.mark.parametrize(("position", "name"), [(1, "cancellation TTL"), (2, "tombstone TTL")])
+def test_cancel_refuses_a_ttl_out_of_bounds_and_withdraws_nothing(redis_client, prefix, fair, ttl, position, name):
     reply = enqueue(redis_client, fair, "30000")
     ids = reply[4:]
     assert len(ids) == 2 and redis_client.zcard(fair.level_keys(0)[1]) == 1, "one item moved to the stream, one held"
     args = cancel_args(fair, "c1:0", 0, [(i, n) for n, i in enumerate(ids)], 30, whole=True)
-    args["args"][1] = ttl
+    args["args"][position] = ttl
     before = snapshot(redis_client, prefix)
-    with pytest.raises(redis.ResponseError, match="invalid cancellation TTL"):
+    with pytest.raises(redis.ResponseError, match=f"invalid {name}"):
         scripts(redis_client).cancel(**args)
     assert snapshot(redis_client, prefix) == before
 
@@ -106,7 +107,7 @@ def test_finish_refuses_a_reply_ttl_out_of_bounds_and_neither_replies_nor_acks(r
     before = snapshot(redis_client, prefix)
     with pytest.raises(redis.ResponseError, match="invalid reply TTL"):
         scripts(redis_client).finish(
-            keys=[keys.dead, keys.requests, keys.reply("c1:0"), keys.cancelled("c1:0")],
+            keys=[keys.dead, keys.requests, keys.reply("c1:0")],
             args=[keys.group, 1, 0, 100, 10_000, 1, ttl, 1, b"answer", entry])
     assert snapshot(redis_client, prefix) == before
     assert redis_client.xpending(keys.requests, keys.group)["pending"] == 1

@@ -30,6 +30,7 @@ FILES = {
     "webhooks": "rstreamer/jobs/webhooks.py",
     "deadletters": "rstreamer/ops/deadletters.py",
     "finish_lua": "rstreamer/wire/lua/finish.lua",
+    "cancel_lua": "rstreamer/wire/lua/cancel.lua",
     "enqueue_lua": "rstreamer/wire/lua/enqueue_calls.lua",
     "supervisor": "rstreamer/worker/supervisor.py",
     "batching": "rstreamer/batching/batcher.py",
@@ -47,6 +48,7 @@ WEBHOOKS = "tests/integration/test_job_webhooks.py"
 QUOTAS = "tests/integration/test_quotas_redis.py"
 TRACING = "tests/integration/test_tracing.py"
 PRIORITY = "tests/integration/test_priority_redis.py"
+CANCEL = "tests/integration/test_cancel_redis.py"
 
 
 @dataclass(frozen=True)
@@ -128,11 +130,22 @@ MUTATIONS = [
              (f"{TRACING}::test_one_trace_from_the_call_to_the_batch_that_served_it",)),
     # A call that times out leaves its entries queued for the workers.
     Mutation("timeout-withdraw", "coalescer", "self._withdraw([t for t in group.tickets if not t.future.done()], True)",
-             "pass", (f"{COALESCING}::test_calls_that_time_out_before_or_after_their_enqueue_leave_nothing_queued",)),
+             "False", (f"{COALESCING}::test_calls_that_time_out_before_or_after_their_enqueue_leave_nothing_queued",)),
     Mutation("async-timeout-withdraw", "aclient",
-             "            await self._withdraw(future, whole=True)\n            await self._delete(call.reply_key)",
-             "            await self._delete(call.reply_key)",
+             "            if not await self._withdraw(future, whole=True):",
+             "            if True:",
              (f"{ASYNC}::test_no_worker_times_out_and_withdraws_its_entries",)),
+    # A token withdrawn whole while a worker holds its item still gets its late reply written.
+    Mutation("cancel-tombstone", "cancel_lua", "    redis.call('SET', KEYS[6], 'withdrawn', 'PX', tombstone)\n", "",
+             (f"{CANCEL}::test_finish_writes_no_reply_for_a_token_withdrawn_whole_and_still_acks[True]",
+              f"{CANCEL}::test_a_call_that_times_out_while_a_worker_runs_it_gets_no_reply_written[sync]")),
+    # A caller that times out deletes the tombstone its withdrawal left, so the late reply is written.
+    Mutation("keep-tombstone", "coalescer",
+             "                    return  # the tombstone", "                    pass  #",
+             (f"{CANCEL}::test_a_call_that_times_out_while_a_worker_runs_it_gets_no_reply_written[sync]",)),
+    Mutation("async-keep-tombstone", "aclient", "            if not await self._withdraw(future, whole=True):",
+             "            if [await self._withdraw(future, whole=True)]:",
+             (f"{CANCEL}::test_a_call_that_times_out_while_a_worker_runs_it_gets_no_reply_written[async]",)),
     # rstreamer status reports no wait for a level with waiting items.
     Mutation("status-oldest-wait", "status", "round(max(0, snapshot.now_ms - d.oldest_ms) / 1000, 3)", "0.0",
              (f"{PRIORITY}::test_status_shows_depth_and_wait_per_level",)),

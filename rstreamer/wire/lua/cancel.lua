@@ -1,18 +1,22 @@
 -- KEYS[1] the token's cancellation set (keys.cancelled), KEYS[2] the request stream of the
--- call's priority level, KEYS[3..5] its held-item queue, held items and clocks. ARGV: group,
--- the set's TTL in ms, whole (1: no other call shares the token, so its replies may be dropped
--- whole), n, then n entry ids, then their n indexes.
+-- call's priority level, KEYS[3..5] its held-item queue, held items and clocks, KEYS[6] the
+-- token's reply list. ARGV: group, the set's TTL in ms, the tombstone's TTL in ms (0: not whole,
+-- other calls share the token; else no other call does, so its replies may be dropped whole), n,
+-- then n entry ids, then their n indexes.
 -- Withdraws a caller's items (rstreamer.wire.cancel): an entry not yet delivered to a worker is deleted
 -- (XDEL: no worker will ever read it); one a worker holds is marked in the set, which the worker
--- checks before predict (and FINISH, with '*', before replying). One script, so an entry is
--- either deleted before any worker reads it or marked: never both, never neither. A held item (id
--- 'token:index', fair sharing) still held is deleted, and its tenant's turns do not count it
--- (withdraw); one already moved to the stream is marked (its stream id is not known here), so a
--- worker that reads it skips it.
+-- checks before predict. One script, so an entry is either deleted before any worker reads it or
+-- marked: never both, never neither. A held item (id 'token:index', fair sharing) still held is
+-- deleted, and its tenant's turns do not count it (withdraw); one already moved to the stream is
+-- marked (its stream id is not known here), so a worker that reads it skips it.
+-- Withdrawn whole with items a worker holds ('*' in the set), the reply list becomes a tombstone:
+-- a string with its own TTL, which frees what was pushed and which FINISH's RPUSH refuses, so no
+-- reply is written for a caller that is gone (and no batch pays to ask whether one is).
 -- Returns {entries deleted, then the indexes of the entries marked (held by a worker)}.
 --- @include "include/fair.lua"
-local group, whole = ARGV[1], ARGV[3]
+local group = ARGV[1]
 local ttl = integer(ARGV[2], 1, MAX_MS, 'cancellation TTL (ms)')
+local tombstone = integer(ARGV[3], 0, MAX_MS, 'tombstone TTL (ms)')
 local n = integer(ARGV[4], 0, (#ARGV - 4) / 2, 'number of entries')
 local reply = {0}
 local withdrawn = {}
@@ -42,7 +46,10 @@ end
 table.sort(withdrawn, function(x, y) return x[1] > y[1] end)
 for _, item in ipairs(withdrawn) do withdraw(KEYS[5], item[2], item[1]) end
 if #reply > 1 then
-  if whole == '1' then redis.call('SADD', KEYS[1], '*') end
+  if tombstone > 0 then
+    redis.call('SADD', KEYS[1], '*')
+    redis.call('SET', KEYS[6], 'withdrawn', 'PX', tombstone)
+  end
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
 return reply

@@ -1,20 +1,21 @@
 #!lua flags=allow-oom
 -- KEYS[1] dead-letter stream, KEYS[2..1+s] the request streams (priority levels) that entries
--- are acked on, then r reply lists, then the r cancellation sets of their tokens (keys.cancelled).
+-- are acked on, then the r reply lists.
 -- ARGV: group, s, number of dead letters, dead-letter max length, dead-letter max bytes, then per
 -- request stream the number of ids to ack on it; then per reply list its TTL in ms, its number of
 -- messages and the messages; then per dead letter its field count followed by its fields and
 -- values; then the ids to ack and delete, stream by stream.
 -- Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse. A
--- reply list whose token was withdrawn whole while the batch ran ('*' in its cancellation set)
--- gets nothing: its caller is gone.
+-- reply list whose token was withdrawn whole while the batch ran gets nothing: CANCEL turned its
+-- key into a tombstone (a string, rstreamer.wire.cancel), which RPUSH refuses (WRONGTYPE). So a
+-- batch asks nothing about withdrawals that do not exist: no EXISTS on the cancellation sets.
 --- @include "include/checks.lua"
 local group = ARGV[1]
 local streams = integer(ARGV[2], 0, #KEYS - 1, 'number of request streams')
 local letters = integer(ARGV[3], 0, #ARGV, 'number of dead letters')
 local dead_len = integer(ARGV[4], 0, 2 ^ 53, 'dead-letter max length')
 local dead_bytes = integer(ARGV[5], 0, 2 ^ 53, 'dead-letter max bytes')
-local replies = integer((#KEYS - 1 - streams) / 2, 0, #KEYS, 'number of reply lists')
+local replies = #KEYS - 1 - streams
 -- Every count and TTL first: a reply is never pushed for a batch whose ack would then fail.
 local a = 6 + streams
 for _ = 1, replies do
@@ -25,19 +26,14 @@ for _ = 1, letters do a = a + 1 + integer(ARGV[a], 0, #ARGV, 'number of dead-let
 for s = 1, streams do a = a + integer(ARGV[5 + s], 0, #ARGV, 'number of acks') end
 integer(a - 1, 0, #ARGV, 'number of arguments')
 a = 6 + streams
--- One EXISTS over the batch's cancellation sets: nobody withdrew anything (the usual case), and
--- no reply list asks its set (issue 26).
--- (A thousand at a time: unpack has a stack limit.)
-local withdrawals = false
-for first = 2 + streams + replies, 1 + streams + 2 * replies, 1000 do
-  local last = math.min(first + 999, 1 + streams + 2 * replies)
-  withdrawals = withdrawals or redis.call('EXISTS', unpack(KEYS, first, last)) > 0
-end
 for k = 2 + streams, 1 + streams + replies do
   local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
-  if not withdrawals or redis.call('SISMEMBER', KEYS[k + replies], '*') == 0 then
-    redis.call('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
+  -- pcall: a tombstone's WRONGTYPE means the caller is gone, and the script goes on to its acks.
+  local pushed = redis.pcall('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
+  if type(pushed) == 'number' then
     redis.call('PEXPIRE', KEYS[k], ttl)
+  elseif not string.find(pushed['err'], '^WRONGTYPE') then
+    return redis.error_reply(pushed['err'])
   end
   a = a + 2 + n
 end
