@@ -49,6 +49,7 @@ QUOTAS = "tests/integration/test_quotas_redis.py"
 TRACING = "tests/integration/test_tracing.py"
 PRIORITY = "tests/integration/test_priority_redis.py"
 CANCEL = "tests/integration/test_cancel_redis.py"
+FINISH = "tests/integration/test_finish_script.py"
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ MUTATIONS = [
              "            if not await self._withdraw(future, whole=True):",
              "            if True:",
              (f"{ASYNC}::test_no_worker_times_out_and_withdraws_its_entries",)),
+    # FINISH trims the stream past entries another worker still holds.
+    Mutation("finish-trim-pending", "finish_lua",
+             "if newest and #redis.call('XPENDING', stream, group, '-', newest, 1) == 0 then", "if newest then",
+             (f"{FINISH}::test_entries_another_worker_holds_stay_when_a_newer_batch_finishes_first",)),
     # A token withdrawn whole while a worker holds its item still gets its late reply written.
     Mutation("cancel-tombstone", "cancel_lua", "    redis.call('SET', KEYS[6], 'withdrawn', 'PX', tombstone)\n", "",
              (f"{CANCEL}::test_finish_writes_no_reply_for_a_token_withdrawn_whole_and_still_acks[True]",

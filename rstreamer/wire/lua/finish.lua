@@ -56,13 +56,36 @@ if letters > 0 then
     over = over - size
   end
 end
+-- The newest of the ids ARGV[first..last] and the id right after it, or nil for an id that is
+-- not 'ms-seq' with both parts below 2^53 (exact in a Lua number).
+local function newest_of(first, last)
+  local top_ms, top_seq = -1, -1
+  for i = first, last do
+    local ms, seq = string.match(ARGV[i], '^(%d+)%-(%d+)$')
+    ms, seq = tonumber(ms), tonumber(seq)
+    if not ms or ms >= 2 ^ 53 or seq >= 2 ^ 53 - 1 then return nil end
+    if ms > top_ms or (ms == top_ms and seq > top_seq) then top_ms, top_seq = ms, seq end
+  end
+  return string.format('%d-%d', top_ms, top_seq), string.format('%d-%d', top_ms, top_seq + 1)
+end
+-- An acked entry leaves its stream (XLEN counts what waits). Several go at once by trimming the
+-- stream up to the newest of them when no older entry is still pending: a group reads in id
+-- order, so every entry older than one a worker read was read too, and one read and no longer
+-- pending is done. XDEL seeks each id in its node; the trim walks the node once (16 ids: 135
+-- against 8 us of Redis's CPU here; issue 26). Else, and for a single id, XDEL.
 for s = 1, streams do
-  local acks = tonumber(ARGV[5 + s])
+  local stream, acks, first = KEYS[1 + s], tonumber(ARGV[5 + s]), a
   while acks > 0 do
     local n = math.min(acks, 1000)
-    redis.call('XACK', KEYS[1 + s], group, unpack(ARGV, a, a + n - 1))
-    redis.call('XDEL', KEYS[1 + s], unpack(ARGV, a, a + n - 1))
+    redis.call('XACK', stream, group, unpack(ARGV, a, a + n - 1))
     a, acks = a + n, acks - n
+  end
+  local newest, after
+  if a - first > 1 then newest, after = newest_of(first, a - 1) end
+  if newest and #redis.call('XPENDING', stream, group, '-', newest, 1) == 0 then
+    redis.call('XTRIM', stream, 'MINID', after)
+  else
+    for i = first, a - 1, 1000 do redis.call('XDEL', stream, unpack(ARGV, i, math.min(i + 999, a - 1))) end
   end
 end
 return 1

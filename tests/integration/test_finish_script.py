@@ -1,0 +1,72 @@
+"""What the FINISH script (wire/lua/finish.lua) leaves on a request stream once a batch is acked:
+its own entries gone, and nothing else: not an entry still waiting, not one another worker
+holds. Several entries go by trimming the stream up to the newest of them when nothing older is
+pending, one by XDEL. Real redis-server; the script is called as a worker calls it."""
+from __future__ import annotations
+
+import pytest
+import redis
+
+from rstreamer.wire.groups import ensure_groups
+from rstreamer.wire.keys import Keys
+from rstreamer.wire.scripts import scripts
+
+pytestmark = pytest.mark.integration
+
+
+def add(client: redis.Redis, keys: Keys, count: int) -> list[bytes]:
+    return [client.xadd(keys.requests, {"t": "c1:0", "i": n}) for n in range(count)]
+
+
+def read(client: redis.Redis, keys: Keys, consumer: str, count: int) -> list[bytes]:
+    reply = client.xreadgroup(keys.group, consumer, {keys.requests: ">"}, count=count)
+    return [entry_id for entry_id, _ in reply[0][1]]
+
+
+def finish(client: redis.Redis, keys: Keys, ids: list[bytes]) -> None:
+    """FINISH for a batch of ``ids`` of level 0, with no reply and no dead letter."""
+    scripts(client).finish(keys=[keys.dead, keys.requests], args=[keys.group, 1, 0, 100, 10_000, len(ids), *ids])
+
+
+def calls(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+@pytest.fixture
+def keys(redis_client, prefix) -> Keys:
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)
+    return keys
+
+
+def test_a_batch_of_the_oldest_entries_is_trimmed_away_and_the_waiting_ones_stay(redis_client, keys):
+    ids = add(redis_client, keys, 5)
+    batch = read(redis_client, keys, "w1", 3)
+    trims = calls(redis_client, "xtrim")
+    # Finished in another order than read: the newest of them decides.
+    finish(redis_client, keys, [batch[2], batch[0], batch[1]])
+    assert calls(redis_client, "xtrim") == trims + 1, "several entries go in one trim"
+    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[3:], "the two never read stay"
+    assert redis_client.xpending(keys.requests, keys.group)["pending"] == 0
+    finish(redis_client, keys, read(redis_client, keys, "w1", 5))
+    assert redis_client.xlen(keys.requests) == 0
+
+
+def test_entries_another_worker_holds_stay_when_a_newer_batch_finishes_first(redis_client, keys):
+    ids = add(redis_client, keys, 6)
+    held = read(redis_client, keys, "w1", 2)
+    newer = read(redis_client, keys, "w2", 2)
+    finish(redis_client, keys, newer)
+    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == [*held, *ids[4:]]
+    assert redis_client.xpending(keys.requests, keys.group)["pending"] == 2, "w1's entries are still its own"
+    # Then the older batch: it and everything older are done, the two never read stay.
+    finish(redis_client, keys, held)
+    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[4:]
+
+
+def test_a_single_entry_goes_by_its_id(redis_client, keys):
+    ids = add(redis_client, keys, 2)
+    trims = calls(redis_client, "xtrim")
+    finish(redis_client, keys, read(redis_client, keys, "w1", 1))
+    assert calls(redis_client, "xtrim") == trims
+    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[1:]
