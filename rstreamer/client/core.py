@@ -45,7 +45,9 @@ SOCKET_TIMEOUT = BLPOP_SLICE + 3.0
 CLIENT_RETRIES = 0
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ (object.__setattr__ per field) cost a call 3 us of
+# its 9 here (issue 26). Nothing changes a Call once made; CallFactory.cold makes a new one.
+@dataclass(slots=True)
 class Call:
     """One submit, ready to enqueue: its reply key, encoded items and deadline.
 
@@ -90,6 +92,7 @@ class CallFactory:
         self.settings = settings or ClientSettings.from_env(timeout=timeout, max_queue=max_queue)
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix if prefix is not None else prefix_from_env())
+        self._reply_head = self.keys.reply_head  # + a token of _next_token's: its reply key
         self._identity_lock = threading.Lock()
         self._pid = -1
         self._client_id = ""
@@ -125,8 +128,8 @@ class CallFactory:
             if len(payload) > limit:
                 raise EncodeError(f"item {index} is {len(payload)} bytes encoded, over the limit of {limit}")
         token = self._next_token()
-        return Call(token, self.keys.reply(token), payloads, timeout, Deadline.after(timeout), current_traceparent(),
-                    priority, tenant)
+        return Call(token, self._reply_head + token, payloads, timeout, Deadline.after(timeout),
+                    current_traceparent(), priority, tenant)
 
     @staticmethod
     def cold(call: Call, cold_start_wait: float) -> Call:

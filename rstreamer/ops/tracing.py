@@ -21,7 +21,7 @@ import importlib.util
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .hooks import Entry, WorkerHooks, entry_ms
@@ -39,15 +39,24 @@ def available() -> bool:
     return importlib.util.find_spec("opentelemetry") is not None
 
 
-def current_traceparent() -> bytes | None:
-    """The W3C traceparent of the current span, or None (no OpenTelemetry, or no valid span)."""
+@functools.lru_cache(maxsize=1)
+def _current_span() -> Callable[[], Any] | None:
+    """OpenTelemetry's ``trace.get_current_span``, imported once (None without OpenTelemetry): an
+    import statement run on every call cost it more than the question (issue 26)."""
     if not available():
         return None
     from opentelemetry import trace
+
+    return trace.get_current_span
+
+
+def current_traceparent() -> bytes | None:
+    """The W3C traceparent of the current span, or None (no OpenTelemetry, or no valid span)."""
+    current_span = _current_span()
+    if current_span is None or not current_span().get_span_context().is_valid:
+        return None  # the usual case, asked on every call: no propagator, no carrier (issue 26)
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    if not trace.get_current_span().get_span_context().is_valid:
-        return None  # the usual case, asked on every call: no propagator, no carrier (issue 26)
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     value = carrier.get("traceparent")

@@ -331,6 +331,7 @@ def test_job_tenant_and_token_keys_have_their_documented_names():
     assert keys.bucket("acme.eu@x") == "rstreamer:{p}:bucket:acme.eu@x"
     assert keys.cancelled("c:1") == "rstreamer:{p}:cancelled:c:1"
     assert keys.stream_control("c:1") == "rstreamer:{p}:stream:c:1"
+    assert keys.reply_head + "c:1" == keys.reply("c:1") == "rstreamer:{p}:reply:c:1"
 
 
 @pytest.mark.parametrize(("build", "bad", "message"), [
