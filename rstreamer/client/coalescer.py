@@ -28,6 +28,7 @@ import redis
 
 from ..batching.batcher import Outcome
 from ..broker.connection import RedisClient, blpop_block, retry_pause
+from ..broker.direct import direct_command, run_script
 from ..broker.threads import DaemonThreads
 from ..errors import BrokerUnavailable, DecodeError
 from ..wire.cancel import cancel_args
@@ -336,7 +337,7 @@ class Coalescer:
             # Not retried: a retry after a read timeout would enqueue the items twice.
             with call_errors(self._url):
                 args = self._calls.enqueue_calls_args([t.future.call for t in taken])
-                admission = Admission.parse(self._script(**args))
+                admission = Admission.parse(run_script(self._redis, self._script, args["keys"], args["args"]))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
             self._settle([(t, exc if n == 0 else _copy_error(exc)) for n, t in enumerate(taken)])
             if not isinstance(exc, Exception):
@@ -375,7 +376,7 @@ class Coalescer:
                 break
             try:
                 with call_errors(self._url):
-                    popped = self._redis.blpop([group.reply_key], timeout=block)
+                    popped = direct_command(self._redis, "BLPOP", group.reply_key, block)
             except BrokerUnavailable as exc:  # retried within the deadline, then the calls fail
                 failures += 1
                 pause = retry_pause(failures, until)

@@ -19,6 +19,8 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
+from rstreamer.broker.direct import direct_command
+from rstreamer.client import coalescer
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import fleet_totals, read_workers
 from support.procs import live_pids, wait_for_workers, wait_until
@@ -211,7 +213,7 @@ def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, 
         # A worker just started may take its first item late on a busy machine: served once
         # first, it answers this one well within the deadline.
         assert streamer.predict([2]) == [4]
-        monkeypatch.setattr(streamer.redis, "blpop", _stalled_blpop)
+        monkeypatch.setattr(coalescer, "direct_command", _stalled_blpop)
         future = streamer.submit([1], timeout=1.5)
         reply = wait_until(lambda: list(redis_client.scan_iter(match=_replies(prefix))),
                            what="the worker's answer in the reply key")[0]
@@ -226,8 +228,11 @@ def _replies(prefix: str) -> str:
     return Keys(prefix).reply("x:1").rsplit(":", 2)[0] + ":*"
 
 
-def _stalled_blpop(keys, timeout=0):
-    time.sleep(timeout)
+def _stalled_blpop(client, *command):
+    """The coalescer's commands, but a BLPOP waits out its timeout and finds nothing."""
+    if command[0] != "BLPOP":
+        return direct_command(client, *command)
+    time.sleep(command[-1])
     return None
 
 
