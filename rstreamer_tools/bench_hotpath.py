@@ -7,7 +7,9 @@ threads), of the worker process tree and of Redis (INFO cpu), and the Redis comm
 (INFO commandstats: a script's inner calls are counted there, besides its EVALSHA), and the
 client's context switches (getrusage). Beside them, the *thread floor*: the same callers parking
 on a lock each until one thread answers them in groups, with no Redis and no rstreamer, which is
-what any thread-per-caller client pays on this machine before doing anything. Then an A/B:
+what any thread-per-caller client pays on this machine before doing anything. Then the same load
+from ``--callers`` asyncio tasks of an ``AsyncRedisStreamer`` in one event loop (the client of
+ASGI apps), per item the same figures. Then an A/B:
 items/s of a bare prefix against prefixes whose lanes are configured but idle (priority levels,
 tenant quotas, jobs and webhooks; the same plus fair sharing), in alternating rounds, both
 workers alive throughout.
@@ -15,6 +17,7 @@ workers alive throughout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -34,6 +37,7 @@ from typing import Any
 import redis
 
 from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client.aio import AsyncRedisStreamer
 from rstreamer.client.sync import RedisStreamer
 from rstreamer.ops.metrics import percentile
 from rstreamer.wire.published import wait_for_live_workers
@@ -203,6 +207,40 @@ def load(streamer: RedisStreamer, meter: Meter | None, callers: int, seconds: fl
     return row
 
 
+def async_load(url: str, prefix: str, meter: Meter, callers: int, seconds: float, name: str) -> Row:
+    """``callers`` asyncio tasks of one AsyncRedisStreamer calling one item at a time for ``seconds``
+    (after a short ramp), in an event loop of their own."""
+    async def measure() -> Row:
+        stop, counting = asyncio.Event(), asyncio.Event()
+        latencies: list[float] = []
+
+        async def caller(slot: int) -> None:
+            n = 0
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                await streamer.predict([f"{slot} {n}"], timeout=20)
+                if counting.is_set():
+                    latencies.append(time.perf_counter() - t0)
+                n += 1
+
+        async with AsyncRedisStreamer(url, prefix) as streamer:
+            tasks = [asyncio.ensure_future(caller(slot)) for slot in range(callers)]
+            await asyncio.sleep(0.5)
+            before = meter.sample()
+            counting.set()
+            started = time.perf_counter()
+            await asyncio.sleep(seconds)
+            counting.clear()
+            elapsed, after = time.perf_counter() - started, meter.sample()
+            stop.set()
+            await asyncio.gather(*tasks)
+        row = fill(Row(name), before, after, len(latencies), elapsed)
+        row.p50_ms, row.p99_ms = _ms(percentile(latencies, 0.5)), _ms(percentile(latencies, 0.99))
+        return row
+
+    return asyncio.run(measure())
+
+
 ROUND_TRIP = 0.0002
 """Seconds the thread floor's answering thread waits per group: about one Redis round trip here."""
 
@@ -349,6 +387,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(lone(streamer, meter, args.lone_calls, "lone caller"))
         rows.append(load(streamer, meter, args.callers, args.duration, f"{args.callers} callers"))
         rows.append(thread_floor(args.callers, args.duration))
+        rows.append(async_load(url, bare, meter, args.callers, args.duration, f"{args.callers} tasks (asyncio)"))
         if args.rounds:
             streams = {"bare": (streamer, meter)}
             for name, extra in (("lanes idle", LANES), ("lanes idle + fair", [*LANES, "--tenant-sharing", "fair"])):
@@ -368,10 +407,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def format_report(document: dict[str, Any]) -> str:
     """The rows as text: per item costs, then the A/B."""
-    lines = [f"{'phase':<14} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
+    lines = [f"{'phase':<18} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
              f"{'cmds':>6} {'p50 ms':>7} {'p99 ms':>7} {'switches':>8}"]
     for r in document["rows"]:
-        lines.append(f"{r['name']:<14} {r['items_per_s']:8,.0f} {r['client_us']:10.1f} {r['worker_us']:10.1f} "
+        lines.append(f"{r['name']:<18} {r['items_per_s']:8,.0f} {r['client_us']:10.1f} {r['worker_us']:10.1f} "
                      f"{r['redis_us']:9.1f} {r['commands']:6.2f} {r['p50_ms'] or 0:7.2f} {r['p99_ms'] or 0:7.2f} "
                      f"{r['switches']:8.2f}")
     for r in document["rows"]:

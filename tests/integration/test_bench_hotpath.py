@@ -17,9 +17,10 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
             "--ab-seconds", "0.5", "--output", str(tmp_path)]
     assert bench.main(argv) == 0
     report = json.loads((tmp_path / "bench-hotpath.json").read_text())
-    lone, loaded, floor = report["rows"]
-    assert lone["items"] == 200 and loaded["items"] > 0
-    for row in (lone, loaded):
+    lone, loaded, floor, tasks = report["rows"]
+    assert lone["items"] == 200 and loaded["items"] > 0 and tasks["items"] > 0
+    assert tasks["name"] == "8 tasks (asyncio)"
+    for row in (lone, loaded, tasks):
         assert row["client_us"] > 0 and row["worker_us"] > 0 and row["redis_us"] > 0
         assert row["switches"] > 0  # a call parks its caller at least once
         # Every item is one XADD, whatever else the path costs; the bench's own INFO is not counted.
