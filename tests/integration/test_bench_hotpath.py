@@ -24,7 +24,11 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
         assert row["client_us"] > 0 and row["worker_us"] > 0 and row["redis_us"] > 0
         assert row["switches"] > 0  # a call parks its caller at least once
         # Every item is one XADD, whatever else the path costs; the bench's own INFO is not counted.
-        assert row["by_command"]["xadd"] >= 1 and "info" not in row["by_command"]
+        # Under load, the 8 calls in flight when the window opens were enqueued before it (and
+        # those in flight when it closes are not counted): as many XADDs may be missing.
+        in_flight = 0 if row is lone else 8
+        assert row["by_command"]["xadd"] * row["items"] >= row["items"] - in_flight
+        assert "info" not in row["by_command"]
     # The thread floor: the same callers answered by a thread, no Redis: CPU and switches, no command.
     assert floor["name"] == "thread floor" and floor["items"] > 0
     assert floor["client_us"] > 0 and floor["switches"] > 0 and floor["by_command"] == {}
