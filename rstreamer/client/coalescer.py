@@ -14,84 +14,41 @@ before, plus two thread hand-offs.
 """
 from __future__ import annotations
 
-import bisect
-import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future as TaskFuture
 from concurrent.futures import wait
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from ..batching.batcher import Outcome
 from ..broker.connection import RedisClient, blpop_block, retry_pause
 from ..broker.direct import direct_command, run_script
 from ..broker.threads import DaemonThreads
-from ..errors import BrokerUnavailable, DecodeError
-from ..wire.cancel import cancel_args
+from ..errors import BrokerUnavailable
 from ..wire.messages import Admission
-from ..wire.replies import decode_reply, undecodable
 from ..wire.scripts import scripts
 from .core import MAX_CONNECTIONS, WITHDRAW_GRACE, CallFactory, call_errors
+from .groups import BaseTicket, CallState, ReplyGroup, admit, copy_error, take, withdrawal, withdrawn
 
 if TYPE_CHECKING:
     from .future import RedisFuture
 
 logger = logging.getLogger(__name__)
 
-MAX_GROUP_ITEMS = 1024
-"""Most items one coalesced ENQUEUE carries, so that one script never holds Redis for long."""
+class Ticket(BaseTicket):
+    """One call's place in the threads' coalescer; a caller waits on a lock until its ENQUEUE decided."""
 
-
-class CallState(enum.Enum):
-    """Where a call stands in the coalescer."""
-
-    PENDING = "pending"  # queued for the next ENQUEUE
-    SENDING = "sending"  # in an ENQUEUE in flight
-    SENT = "sent"  # enqueued: its group's popper delivers its answers
-    FAILED = "failed"  # refused, or its ENQUEUE failed: the ticket's error says why
-    DROPPED = "dropped"  # its deadline passed before it was sent
-
-
-class Ticket:
-    """One call's place in the coalescer; only the Coalescer changes it, under its lock."""
-
-    __slots__ = ("future", "size", "expires_at", "state", "error", "offset", "token", "entries", "group", "_settled")
+    __slots__ = ("_settled",)
 
     def __init__(self, future: RedisFuture) -> None:
-        self.future = future
-        self.size = len(future.call.payloads)
-        self.expires_at = future.call.expires_at  # the call's deadline on the monotonic clock
-        self.state = CallState.PENDING
-        self.error: BaseException | None = None
-        self.offset = 0  # index of its first item in its group's reply
-        self.token = ""  # the token its entries carry: its group's
-        self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
-        self.group: ReplyGroup | None = None
+        super().__init__(future)
         self._settled = threading.Lock()
         self._settled.acquire()  # released once the ENQUEUE has decided
 
-    def start_sending(self, offset: int) -> None:
-        """PENDING -> SENDING: the call joins an ENQUEUE, its first item at ``offset`` of the reply."""
-        self.state, self.offset = CallState.SENDING, offset
-
-    def sent(self) -> None:
-        """SENDING -> SENT: Redis accepted the call; its answers come on the group's reply key."""
-        self.state = CallState.SENT
-        self._settled.release()
-
-    def failed(self, error: BaseException) -> None:
-        """-> FAILED: the ENQUEUE was refused or failed; the caller gets ``error``."""
-        self.state, self.error = CallState.FAILED, error
-        self.future.fail(error)
-        self._settled.release()
-
-    def drop(self) -> None:
-        """-> DROPPED: the call's deadline passed (or it was settled) before it was sent."""
-        self.state = CallState.DROPPED
+    def _decided(self) -> None:
         self._settled.release()
 
     def wait_settled(self, until: float | None = None) -> None:
@@ -102,54 +59,6 @@ class Ticket:
             timeout = min(timeout, max(0.0, until - time.monotonic()))
         if self._settled.acquire(timeout=timeout):
             self._settled.release()  # settled for good: every later wait returns at once
-
-
-class ReplyGroup:
-    """The calls of one coalesced ENQUEUE: one reply key, whose answers go to each call by index.
-
-    Only its popper thread uses it.
-    """
-
-    def __init__(self, reply_key: str, tickets: list[Ticket]) -> None:
-        self.reply_key = reply_key
-        self.tickets = tickets
-        self.offsets = [ticket.offset for ticket in tickets]
-
-    def until(self) -> float | None:
-        """The latest deadline of the calls still waiting for answers; None when none is."""
-        now = time.monotonic()
-        waiting = [t.expires_at for t in self.tickets if not t.future.settled() and t.expires_at > now]
-        return max(waiting, default=None)
-
-    def deliver(self, data: bytes) -> None:
-        """Dispatch one reply message; one that cannot be read at all fails every waiting call."""
-        try:
-            results = decode_reply(data)
-        except DecodeError as exc:
-            self.fail_waiting(undecodable(exc))
-            return
-        for index, outcome in results:
-            self._dispatch(index, outcome)
-
-    def _dispatch(self, index: int, outcome: Outcome[Any]) -> None:
-        position = bisect.bisect_right(self.offsets, index) - 1
-        if position >= 0:
-            ticket = self.tickets[position]
-            ticket.future.deliver(index - ticket.offset, outcome)
-
-    def fail_waiting(self, error: BaseException) -> None:
-        """Fail every call of the group that has no answer yet (each gets its own copy of ``error``)."""
-        for ticket in self.tickets:
-            ticket.future.fail(_copy_error(error))
-
-    def answered(self) -> bool:
-        """Whether every call of the group has all its answers."""
-        return all(ticket.future.done() for ticket in self.tickets)
-
-    def abandoned(self) -> bool:
-        """True when no call of the group waits for an answer any more (all cancelled or
-        answered): its replies may be dropped whole."""
-        return all(ticket.future.cancelled() or ticket.future.done() for ticket in self.tickets)
 
 
 class Coalescer:
@@ -237,26 +146,22 @@ class Coalescer:
         with self._lock:
             self._withdrawals.discard(task)
 
-    def _withdraw(self, tickets: list[Ticket], whole: bool) -> bool:
+    def _withdraw(self, tickets: Sequence[BaseTicket], whole: bool) -> bool:
         """Run CANCEL for the unanswered items of ``tickets``; best effort: a worker that still
         runs an item answers a reply key that nobody reads and that expires. True when the group's
         reply key became a tombstone (withdrawn whole while a worker held an item): it must stay."""
         tombstoned = False
         for ticket in tickets:
-            entries = [(entry_id, index) for entry_id, index in ticket.entries
-                       if not ticket.future.answered(index - ticket.offset)]
-            if not entries:
+            asked = withdrawal(ticket, whole, self._calls)
+            if asked is None:
                 continue
-            group_whole = whole or (ticket.group is not None and ticket.group.abandoned())
-            ttl = ticket.future.call.remaining()
+            args, group_whole = asked
             try:
                 with call_errors(self._url):
-                    reply = self._cancel(**cancel_args(self._calls.keys, ticket.token, ticket.future.call.priority,
-                                                       entries, ttl, group_whole))
-                ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
-                tombstoned = tombstoned or (group_whole and len(reply) > 1)
+                    reply = self._cancel(**args)
+                tombstoned = withdrawn(ticket, reply, group_whole) or tombstoned
             except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
-                logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
+                logger.warning("could not withdraw %d cancelled items: %s", args["args"][3], exc)
         return tombstoned
 
     def close(self) -> None:
@@ -312,21 +217,8 @@ class Coalescer:
         """The pending calls in order, up to MAX_GROUP_ITEMS items; none (and no flusher) when
         none is left. Calls past their deadline are dropped."""
         # One pass under the lock, which every caller takes to queue its call (issue 26).
-        taken: list[Ticket] = []
-        left: list[Ticket] = []
-        items = 0
         with self._lock:
-            now = time.monotonic()
-            for ticket in self._pending:
-                if ticket.expires_at <= now:
-                    ticket.drop()
-                elif not left and (not taken or items + ticket.size <= MAX_GROUP_ITEMS):
-                    ticket.start_sending(items)
-                    taken.append(ticket)
-                    items += ticket.size
-                else:
-                    left.append(ticket)  # the next ENQUEUE's, in order
-            self._pending = left
+            taken, self._pending = take(self._pending, time.monotonic())
             if not taken:
                 self._flushing = False
             return taken
@@ -339,19 +231,13 @@ class Coalescer:
                 args = self._calls.enqueue_calls_args([t.future.call for t in taken])
                 admission = Admission.parse(run_script(self._redis, self._script, args["keys"], args["args"]))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
-            self._settle([(t, exc if n == 0 else _copy_error(exc)) for n, t in enumerate(taken)])
+            self._settle([(t, exc if n == 0 else copy_error(exc)) for n, t in enumerate(taken)])
             if not isinstance(exc, Exception):
                 raise
             return None
-        accepted = [t for t, verdict in zip(taken, admission.verdicts, strict=True) if verdict.added]
-        group = ReplyGroup(taken[0].future.call.reply_key, accepted) if accepted else None
-        ids = iter(admission.ids)
-        for ticket in accepted:
-            ticket.token, ticket.group = taken[0].future.call.token, group
-            ticket.entries = [(next(ids), ticket.offset + i) for i in range(ticket.size)]
-        self._settle([(t, None if v.added else self._calls.refusal(v, t.future.call))
-                      for t, v in zip(taken, admission.verdicts, strict=True)])
-        cancelled = [ticket for ticket in accepted if ticket.future.cancelled()]
+        group, verdicts = admit(taken, admission, self._calls)
+        self._settle(verdicts)
+        cancelled = [ticket for ticket in taken if ticket.state is CallState.SENT and ticket.future.cancelled()]
         if cancelled:  # cancelled during the ENQUEUE
             self._start_withdrawal(cancelled)
         return group
@@ -395,7 +281,7 @@ class Coalescer:
             if self._serving():
                 # Timed out or cancelled: nobody waits for the rest; withdraw what has not run.
                 # (Not on close(): the calls of a closed streamer stay queued, as they always did.)
-                if self._withdraw([t for t in group.tickets if not t.future.done()], True):
+                if self._withdraw(group.unanswered(), True):
                     return  # the tombstone keeps a late answer out (and freed what came)
             self._delete(group.reply_key)
 
@@ -410,12 +296,3 @@ class Coalescer:
         except redis.RedisError:
             pass
 
-
-def _copy_error(error: BaseException) -> BaseException:
-    """The same error for another thread to raise (one instance raised in many threads tangles tracebacks)."""
-    try:
-        copy = type(error)(*error.args)
-    except Exception:
-        return error
-    copy.__cause__ = error.__cause__
-    return copy

@@ -1,0 +1,219 @@
+"""What the two coalescers share, without I/O: a call's place (:class:`BaseTicket`), how waiting
+calls are taken into one ENQUEUE (:func:`take`), what its admission makes of them
+(:func:`admit`), the group of calls that share one reply key (:class:`ReplyGroup`) and how a
+call's unanswered items are withdrawn (:func:`withdrawal`).
+
+The threads' coalescer (:mod:`rstreamer.client.coalescer`, ``RedisStreamer``) and the asyncio
+one (:mod:`rstreamer.client.aio_coalescer`, ``AsyncRedisStreamer``) drive these with their own
+waiting and their own Redis client.
+"""
+from __future__ import annotations
+
+import bisect
+import enum
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+from ..batching.batcher import Outcome
+from ..errors import DecodeError
+from ..wire.cancel import cancel_args
+from ..wire.messages import Admission
+from ..wire.replies import decode_reply, undecodable
+from ..wire.scripts import ScriptArgs
+from .core import Call, CallFactory
+
+MAX_GROUP_ITEMS = 1024
+"""Most items one coalesced ENQUEUE carries, so that one script never holds Redis for long."""
+
+
+class CallState(enum.Enum):
+    """Where a call stands in a coalescer."""
+
+    PENDING = "pending"  # queued for the next ENQUEUE
+    SENDING = "sending"  # in an ENQUEUE in flight
+    SENT = "sent"  # enqueued: its group's popper delivers its answers
+    FAILED = "failed"  # refused, or its ENQUEUE failed: the ticket's error says why
+    DROPPED = "dropped"  # its deadline passed before it was sent
+
+
+class CallFuture(Protocol):
+    """What a coalescer needs of a call's future (``RedisFuture``, ``AsyncFuture``)."""
+
+    call: Call
+    held: set[int]
+
+    def deliver(self, index: int, outcome: Outcome[Any]) -> None:
+        """Record the answer of item ``index``; the first answer per index wins."""
+
+    def fail(self, error: BaseException) -> None:
+        """End the call with ``error``."""
+
+    def answered(self, index: int) -> bool:
+        """True once item ``index`` has its answer."""
+
+    def done(self) -> bool:
+        """True once every item has an answer."""
+
+    def settled(self) -> bool:
+        """True once every item has an answer or the call has failed."""
+
+    def cancelled(self) -> bool:
+        """True if the call was cancelled."""
+
+
+class BaseTicket:
+    """One call's place in a coalescer; only its coalescer changes it. Each coalescer's subclass
+    says how a caller waits until the ENQUEUE has decided (:meth:`_decided`)."""
+
+    __slots__ = ("future", "size", "expires_at", "state", "error", "offset", "token", "entries", "group")
+
+    def __init__(self, future: CallFuture) -> None:
+        self.future = future
+        self.size = len(future.call.payloads)
+        self.expires_at = future.call.expires_at  # the call's deadline on the monotonic clock
+        self.state = CallState.PENDING
+        self.error: BaseException | None = None
+        self.offset = 0  # index of its first item in its group's reply
+        self.token = ""  # the token its entries carry: its group's
+        self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
+        self.group: ReplyGroup | None = None
+
+    def start_sending(self, offset: int) -> None:
+        """PENDING -> SENDING: the call joins an ENQUEUE, its first item at ``offset`` of the reply."""
+        self.state, self.offset = CallState.SENDING, offset
+
+    def sent(self) -> None:
+        """SENDING -> SENT: Redis accepted the call; its answers come on the group's reply key."""
+        self.state = CallState.SENT
+        self._decided()
+
+    def failed(self, error: BaseException) -> None:
+        """-> FAILED: the ENQUEUE was refused or failed; the caller gets ``error``."""
+        self.state, self.error = CallState.FAILED, error
+        self.future.fail(error)
+        self._decided()
+
+    def drop(self) -> None:
+        """-> DROPPED: the call's deadline passed (or it was settled) before it was sent."""
+        self.state = CallState.DROPPED
+        self._decided()
+
+    def _decided(self) -> None:
+        """The ENQUEUE has decided (or the call will never be sent): wake the caller's wait."""
+
+
+class ReplyGroup:
+    """The calls of one coalesced ENQUEUE: one reply key, whose answers go to each call by index.
+
+    Only its popper uses it.
+    """
+
+    def __init__(self, reply_key: str, tickets: Sequence[BaseTicket]) -> None:
+        self.reply_key = reply_key
+        self.tickets = list(tickets)
+        self.offsets = [ticket.offset for ticket in tickets]
+
+    def until(self) -> float | None:
+        """The latest deadline of the calls still waiting for answers; None when none is."""
+        now = time.monotonic()
+        waiting = [t.expires_at for t in self.tickets if not t.future.settled() and t.expires_at > now]
+        return max(waiting, default=None)
+
+    def deliver(self, data: bytes) -> None:
+        """Dispatch one reply message; one that cannot be read at all fails every waiting call."""
+        try:
+            results = decode_reply(data)
+        except DecodeError as exc:
+            self.fail_waiting(undecodable(exc))
+            return
+        for index, outcome in results:
+            position = bisect.bisect_right(self.offsets, index) - 1
+            if position >= 0:
+                ticket = self.tickets[position]
+                ticket.future.deliver(index - ticket.offset, outcome)
+
+    def fail_waiting(self, error: BaseException) -> None:
+        """Fail every call of the group that has no answer yet (each gets its own copy of ``error``)."""
+        for ticket in self.tickets:
+            ticket.future.fail(copy_error(error))
+
+    def answered(self) -> bool:
+        """Whether every call of the group has all its answers."""
+        return all(ticket.future.done() for ticket in self.tickets)
+
+    def unanswered(self) -> list[BaseTicket]:
+        """The calls of the group still missing answers."""
+        return [ticket for ticket in self.tickets if not ticket.future.done()]
+
+    def abandoned(self) -> bool:
+        """True when no call of the group waits for an answer any more (all cancelled or
+        answered): its replies may be dropped whole."""
+        return all(ticket.future.cancelled() or ticket.future.done() for ticket in self.tickets)
+
+
+T = TypeVar("T", bound=BaseTicket)
+
+
+def take(pending: list[T], now: float) -> tuple[list[T], list[T]]:
+    """The calls of the next ENQUEUE among ``pending`` (in order, up to MAX_GROUP_ITEMS items, each
+    started sending) and those left for the one after. Calls past their deadline at monotonic
+    ``now`` are dropped."""
+    taken: list[T] = []
+    left: list[T] = []
+    items = 0
+    for ticket in pending:
+        if ticket.expires_at <= now:
+            ticket.drop()
+        elif not left and (not taken or items + ticket.size <= MAX_GROUP_ITEMS):
+            ticket.start_sending(items)
+            taken.append(ticket)
+            items += ticket.size
+        else:
+            left.append(ticket)  # the next ENQUEUE's, in order
+    return taken, left
+
+
+def admit(taken: Sequence[T], admission: Admission,
+          calls: CallFactory) -> tuple[ReplyGroup | None, list[tuple[T, BaseException | None]]]:
+    """What the ENQUEUE of ``taken`` made of them: the group of those it added (None: none), each
+    given its entries, and each call's verdict (None: added; else the error its caller gets).
+    Their tickets' states are the caller's to settle."""
+    accepted = [t for t, verdict in zip(taken, admission.verdicts, strict=True) if verdict.added]
+    group = ReplyGroup(taken[0].future.call.reply_key, accepted) if accepted else None
+    ids = iter(admission.ids)
+    for ticket in accepted:
+        ticket.token, ticket.group = taken[0].future.call.token, group
+        ticket.entries = [(next(ids), ticket.offset + i) for i in range(ticket.size)]
+    return group, [(t, None if v.added else calls.refusal(v, t.future.call))
+                   for t, v in zip(taken, admission.verdicts, strict=True)]
+
+
+def withdrawal(ticket: BaseTicket, whole: bool, calls: CallFactory) -> tuple[ScriptArgs, bool] | None:
+    """The CANCEL arguments for the unanswered items of ``ticket`` and whether they withdraw its
+    token whole (``whole``, or its whole group is abandoned: its reply key may become a
+    tombstone); None when nothing is left to withdraw."""
+    entries = [(entry_id, index) for entry_id, index in ticket.entries
+               if not ticket.future.answered(index - ticket.offset)]
+    if not entries:
+        return None
+    whole = whole or (ticket.group is not None and ticket.group.abandoned())
+    call = ticket.future.call
+    return cancel_args(calls.keys, ticket.token, call.priority, entries, call.remaining(), whole), whole
+
+
+def withdrawn(ticket: BaseTicket, reply: Sequence[Any], whole: bool) -> bool:
+    """Record CANCEL's ``reply`` for ``ticket`` (the items a worker held); True when its token's
+    reply key became a tombstone (withdrawn whole while a worker held an item)."""
+    ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
+    return whole and len(reply) > 1
+
+
+def copy_error(error: BaseException) -> BaseException:
+    """The same error for another waiter to raise (one instance raised in many threads tangles tracebacks)."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
+    copy.__cause__ = error.__cause__
+    return copy
