@@ -175,7 +175,9 @@ class AsyncCoalescer:
     async def _pop_replies(self, group: ReplyGroup) -> None:
         """Pop ``group``'s reply key until each of its calls is answered or past its deadline."""
         failures = 0
-        while (until := group.until()) is not None:
+        # Not only cancelled by aclose(): a cancellation that lands while redis.asyncio opens a
+        # connection can be swallowed (the BLPOP then returns None; seen with redis-py 8.1).
+        while not self._closed and (until := group.until()) is not None:
             block = blpop_block(until)
             if block is None:
                 break
@@ -196,8 +198,9 @@ class AsyncCoalescer:
             failures = 0
             if popped:
                 group.deliver(cast(bytes, popped[1]))  # our client does not decode replies
-        if not group.answered():
+        if not group.answered() and not self._closed:
             # Timed out or cancelled: nobody waits for the rest; withdraw what has not run.
+            # (Not on aclose(): the calls of a closed streamer stay queued, as in RedisStreamer.)
             if await self._withdraw(group.unanswered(), True):
                 return  # the tombstone keeps a late answer out (and freed what came)
             await self._delete(group.reply_key)
