@@ -12,19 +12,18 @@ and its own BLPOP: 11.5 Redis commands per item with 64 calls in flight, against
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import redis
-
-from ..broker.connection import blpop_block, retry_pause
+from ..broker.flow import Command, arun
 from ..errors import BrokerUnavailable
 from ..wire.messages import Admission
 from ..wire.scripts import scripts
 from .core import WITHDRAW_GRACE, CallFactory, call_errors
-from .groups import BaseTicket, CallState, ReplyGroup, admit, copy_error, take, withdrawal, withdrawn
+from .groups import BaseTicket, CallState, ReplyGroup, admit, copy_error, pop_replies, take, withdraw
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis as AsyncRedis
@@ -63,13 +62,13 @@ class AsyncCoalescer:
         self._url = url
         self._calls = calls
         self._script = scripts(client).enqueue_calls
-        self._cancel = scripts(client).cancel
         self._pending: list[AsyncTicket] = []
         self._flushing = False
         self._flusher: set[asyncio.Future[Any]] = set()  # one at a time
         self._poppers: set[asyncio.Future[Any]] = set()
         self._withdrawals: set[asyncio.Future[Any]] = set()
         self._closed = False
+        self._errors = functools.partial(call_errors, url)
 
     # callers ---------------------------------------------------------------------------------
 
@@ -173,61 +172,16 @@ class AsyncCoalescer:
     # the poppers -----------------------------------------------------------------------------
 
     async def _pop_replies(self, group: ReplyGroup) -> None:
-        """Pop ``group``'s reply key until each of its calls is answered or past its deadline."""
-        failures = 0
+        """Pop ``group``'s reply key until each of its calls is answered or past its deadline
+        (see :func:`~rstreamer.client.groups.pop_replies`)."""
         # Not only cancelled by aclose(): a cancellation that lands while redis.asyncio opens a
-        # connection can be swallowed (the BLPOP then returns None; seen with redis-py 8.1).
-        while not self._closed and (until := group.until()) is not None:
-            block = blpop_block(until)
-            if block is None:
-                break
-            try:
-                with call_errors(self._url):
-                    popped = await self._redis.blpop([group.reply_key], timeout=block)
-            except BrokerUnavailable as exc:  # retried within the deadline, then the calls fail
-                failures += 1
-                pause = retry_pause(failures, until)
-                if pause is None:
-                    group.fail_waiting(exc)
-                    break
-                await asyncio.sleep(pause)
-                continue
-            except Exception as exc:
-                group.fail_waiting(exc)
-                break
-            failures = 0
-            if popped:
-                group.deliver(cast(bytes, popped[1]))  # our client does not decode replies
-        if not group.answered() and not self._closed:
-            # Timed out or cancelled: nobody waits for the rest; withdraw what has not run.
-            # (Not on aclose(): the calls of a closed streamer stay queued, as in RedisStreamer.)
-            if await self._withdraw(group.unanswered(), True):
-                return  # the tombstone keeps a late answer out (and freed what came)
-            await self._delete(group.reply_key)
+        # connection can be swallowed (the BLPOP then returns None; seen with redis-py 8.1), so
+        # the flow also stops once the streamer is closed.
+        await arun(pop_replies(group, lambda: not self._closed, _blpop, self._calls), self._redis, self._errors)
 
     async def _withdraw(self, tickets: Sequence[BaseTicket], whole: bool) -> bool:
-        """Run CANCEL for the unanswered items of ``tickets`` (see rstreamer.wire.cancel); best
-        effort. True when the group's reply key became a tombstone: it must stay."""
-        tombstoned = False
-        for ticket in tickets:
-            asked = withdrawal(ticket, whole, self._calls)
-            if asked is None:
-                continue
-            args, group_whole = asked
-            try:
-                with call_errors(self._url):
-                    reply = await self._cancel(**args)
-                tombstoned = withdrawn(ticket, reply, group_whole) or tombstoned
-            except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
-                logger.warning("could not withdraw %d cancelled items: %s", args["args"][3], exc)
-        return tombstoned
-
-    async def _delete(self, reply_key: str) -> None:
-        # A late answer re-creates the key with a TTL; deleting now frees what came so far.
-        try:
-            await self._redis.delete(reply_key)
-        except redis.RedisError:
-            pass
+        """Withdraw the unanswered items of ``tickets`` (see :func:`~rstreamer.client.groups.withdraw`)."""
+        return await arun(withdraw(tickets, whole, self._calls), self._redis, self._errors)
 
     @staticmethod
     def _spawn(work: Coroutine[Any, Any, object], tasks: set[asyncio.Future[Any]]) -> None:
@@ -242,3 +196,8 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
     """Mark a background task's error as seen (its caller may have stopped waiting), and log it."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         logger.error("rstreamer: a background task of the asyncio streamer failed: %r", exc)
+
+
+def _blpop(key: str, seconds: float) -> Command:
+    """The popper's BLPOP."""
+    return Command(lambda client: client.blpop([key], timeout=seconds))

@@ -14,24 +14,24 @@ before, plus two thread hand-offs.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as TaskFuture
 from concurrent.futures import wait
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import redis
-
-from ..broker.connection import RedisClient, blpop_block, retry_pause
+from ..broker.connection import RedisClient
 from ..broker.direct import direct_command, run_script
+from ..broker.flow import Command, run
 from ..broker.threads import DaemonThreads
 from ..errors import BrokerUnavailable
 from ..wire.messages import Admission
 from ..wire.scripts import scripts
 from .core import MAX_CONNECTIONS, WITHDRAW_GRACE, CallFactory, call_errors
-from .groups import BaseTicket, CallState, ReplyGroup, admit, copy_error, take, withdrawal, withdrawn
+from .groups import BaseTicket, CallState, ReplyGroup, admit, copy_error, pop_replies, take, withdraw
 
 if TYPE_CHECKING:
     from .future import RedisFuture
@@ -69,7 +69,6 @@ class Coalescer:
         self._url = url
         self._calls = calls
         self._script = scripts(client).enqueue_calls
-        self._cancel = scripts(client).cancel
         self._lock = threading.Lock()
         self._pending: list[Ticket] = []
         self._flushing = False
@@ -77,6 +76,7 @@ class Coalescer:
         # Daemon threads: a program that ends (Ctrl-C in predict) is never kept alive by them.
         self._io = DaemonThreads(MAX_CONNECTIONS, "rstreamer-io")
         self._withdrawals: set[TaskFuture[None]] = set()
+        self._errors = functools.partial(call_errors, url)
 
     # callers ---------------------------------------------------------------------------------
 
@@ -147,22 +147,8 @@ class Coalescer:
             self._withdrawals.discard(task)
 
     def _withdraw(self, tickets: Sequence[BaseTicket], whole: bool) -> bool:
-        """Run CANCEL for the unanswered items of ``tickets``; best effort: a worker that still
-        runs an item answers a reply key that nobody reads and that expires. True when the group's
-        reply key became a tombstone (withdrawn whole while a worker held an item): it must stay."""
-        tombstoned = False
-        for ticket in tickets:
-            asked = withdrawal(ticket, whole, self._calls)
-            if asked is None:
-                continue
-            args, group_whole = asked
-            try:
-                with call_errors(self._url):
-                    reply = self._cancel(**args)
-                tombstoned = withdrawn(ticket, reply, group_whole) or tombstoned
-            except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
-                logger.warning("could not withdraw %d cancelled items: %s", args["args"][3], exc)
-        return tombstoned
+        """Withdraw the unanswered items of ``tickets`` (see :func:`~rstreamer.client.groups.withdraw`)."""
+        return run(withdraw(tickets, whole, self._calls), self._redis, self._errors)
 
     def close(self) -> None:
         """Refuse new calls, let pending withdrawals finish (at most WITHDRAW_GRACE s) and stop the
@@ -254,45 +240,15 @@ class Coalescer:
     # the poppers -----------------------------------------------------------------------------
 
     def _pop_replies(self, group: ReplyGroup) -> None:
-        """Pop ``group``'s reply key until each of its calls is answered or past its deadline."""
-        failures = 0
-        while self._serving() and (until := group.until()) is not None:
-            block = blpop_block(until)
-            if block is None:
-                break
-            try:
-                with call_errors(self._url):
-                    popped = direct_command(self._redis, "BLPOP", group.reply_key, block)
-            except BrokerUnavailable as exc:  # retried within the deadline, then the calls fail
-                failures += 1
-                pause = retry_pause(failures, until)
-                if pause is None:
-                    group.fail_waiting(exc)
-                    break
-                time.sleep(pause)
-                continue
-            except Exception as exc:
-                group.fail_waiting(exc)
-                break
-            failures = 0
-            if popped:
-                group.deliver(cast(bytes, popped[1]))  # our client does not decode replies
-        if not group.answered():
-            if self._serving():
-                # Timed out or cancelled: nobody waits for the rest; withdraw what has not run.
-                # (Not on close(): the calls of a closed streamer stay queued, as they always did.)
-                if self._withdraw(group.unanswered(), True):
-                    return  # the tombstone keeps a late answer out (and freed what came)
-            self._delete(group.reply_key)
+        """Pop ``group``'s reply key until each of its calls is answered or past its deadline
+        (see :func:`~rstreamer.client.groups.pop_replies`)."""
+        run(pop_replies(group, self._serving, _blpop, self._calls), self._redis, self._errors)
 
     def _serving(self) -> bool:
         # Once the main thread has ended the interpreter is exiting: stop within one slice.
         return not self._closed and threading.main_thread().is_alive()
 
-    def _delete(self, reply_key: str) -> None:
-        # A late answer re-creates the key with a TTL; deleting now frees what came so far.
-        try:
-            self._redis.delete(reply_key)
-        except redis.RedisError:
-            pass
 
+def _blpop(key: str, seconds: float) -> Command:
+    """The popper's BLPOP, written straight on a connection (broker/direct.py)."""
+    return Command(lambda client: direct_command(client, "BLPOP", key, seconds))

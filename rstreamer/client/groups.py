@@ -1,7 +1,8 @@
 """What the two coalescers share, without I/O: a call's place (:class:`BaseTicket`), how waiting
 calls are taken into one ENQUEUE (:func:`take`), what its admission makes of them
-(:func:`admit`), the group of calls that share one reply key (:class:`ReplyGroup`) and how a
-call's unanswered items are withdrawn (:func:`withdrawal`).
+(:func:`admit`), the group of calls that share one reply key (:class:`ReplyGroup`), and the
+flows (:mod:`rstreamer.broker.flow`) that pop a group's answers (:func:`pop_replies`) and
+withdraw calls (:func:`withdraw`).
 
 The threads' coalescer (:mod:`rstreamer.client.coalescer`, ``RedisStreamer``) and the asyncio
 one (:mod:`rstreamer.client.aio_coalescer`, ``AsyncRedisStreamer``) drive these with their own
@@ -11,17 +12,24 @@ from __future__ import annotations
 
 import bisect
 import enum
+import logging
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, cast
+
+import redis
 
 from ..batching.batcher import Outcome
-from ..errors import DecodeError
+from ..broker.connection import blpop_block, retry_pause
+from ..broker.flow import Command, Flow, Pause, command
+from ..errors import BrokerUnavailable, DecodeError
 from ..wire.cancel import cancel_args
 from ..wire.messages import Admission
 from ..wire.replies import decode_reply, undecodable
-from ..wire.scripts import ScriptArgs
+from ..wire.scripts import ScriptArgs, scripts
 from .core import Call, CallFactory
+
+logger = logging.getLogger(__name__)
 
 MAX_GROUP_ITEMS = 1024
 """Most items one coalesced ENQUEUE carries, so that one script never holds Redis for long."""
@@ -189,24 +197,72 @@ def admit(taken: Sequence[T], admission: Admission,
                    for t, v in zip(taken, admission.verdicts, strict=True)]
 
 
-def withdrawal(ticket: BaseTicket, whole: bool, calls: CallFactory) -> tuple[ScriptArgs, bool] | None:
-    """The CANCEL arguments for the unanswered items of ``ticket`` and whether they withdraw its
-    token whole (``whole``, or its whole group is abandoned: its reply key may become a
-    tombstone); None when nothing is left to withdraw."""
-    entries = [(entry_id, index) for entry_id, index in ticket.entries
-               if not ticket.future.answered(index - ticket.offset)]
-    if not entries:
-        return None
-    whole = whole or (ticket.group is not None and ticket.group.abandoned())
-    call = ticket.future.call
-    return cancel_args(calls.keys, ticket.token, call.priority, entries, call.remaining(), whole), whole
+def pop_replies(group: ReplyGroup, serving: Callable[[], bool], blpop: Callable[[str, float], Command],
+                calls: CallFactory) -> Flow[None]:
+    """Pop ``group``'s reply key (``blpop(key, seconds)``: the coalescer's BLPOP) until each of its
+    calls is answered or past its deadline, retrying Redis's failures within the deadline; then
+    withdraw what was not answered (nobody waits for it) and drop the reply key, unless it
+    became a tombstone. Once ``serving()`` is False (the streamer closed) it stops within one
+    BLPOP and withdraws nothing: the calls of a closed streamer stay queued."""
+    failures = 0
+    while serving() and (until := group.until()) is not None:
+        block = blpop_block(until)
+        if block is None:
+            break
+        try:
+            popped = yield blpop(group.reply_key, block)
+        except BrokerUnavailable as exc:  # retried within the deadline, then the calls fail
+            failures += 1
+            pause = retry_pause(failures, until)
+            if pause is None:
+                group.fail_waiting(exc)
+                break
+            yield Pause(pause)
+            continue
+        except Exception as exc:
+            group.fail_waiting(exc)
+            break
+        failures = 0
+        if popped:
+            group.deliver(cast(bytes, popped[1]))  # our clients do not decode replies
+    if group.answered():
+        return
+    if serving() and (yield from withdraw(group.unanswered(), True, calls)):
+        return  # the tombstone keeps a late answer out (and freed what came)
+    try:
+        # A late answer re-creates the key with a TTL; deleting now frees what came so far.
+        yield command("delete", group.reply_key)
+    except redis.RedisError:
+        pass
 
 
-def withdrawn(ticket: BaseTicket, reply: Sequence[Any], whole: bool) -> bool:
-    """Record CANCEL's ``reply`` for ``ticket`` (the items a worker held); True when its token's
-    reply key became a tombstone (withdrawn whole while a worker held an item)."""
-    ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
-    return whole and len(reply) > 1
+def withdraw(tickets: Sequence[BaseTicket], whole: bool, calls: CallFactory) -> Flow[bool]:
+    """Run CANCEL for the unanswered items of ``tickets`` (see rstreamer.wire.cancel); best effort:
+    a worker that still runs an item answers a reply key that nobody reads and that expires.
+    ``whole``: no call of their group waits any more. Returns True when the group's reply key
+    became a tombstone (withdrawn whole while a worker held an item): it must stay."""
+    tombstoned = False
+    for ticket in tickets:
+        entries = [(entry_id, index) for entry_id, index in ticket.entries
+                   if not ticket.future.answered(index - ticket.offset)]
+        if not entries:
+            continue
+        group_whole = whole or (ticket.group is not None and ticket.group.abandoned())
+        call = ticket.future.call
+        args = cancel_args(calls.keys, ticket.token, call.priority, entries, call.remaining(), group_whole)
+        try:
+            reply = yield _cancel(args)
+        except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
+            logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
+            continue
+        ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
+        tombstoned = tombstoned or (group_whole and len(reply) > 1)
+    return tombstoned
+
+
+def _cancel(args: ScriptArgs) -> Command:
+    """The CANCEL script with ``args``, on the driver's client (sync or asyncio)."""
+    return Command(lambda client: scripts(client).cancel(**args))
 
 
 def copy_error(error: BaseException) -> BaseException:
