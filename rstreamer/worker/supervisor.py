@@ -450,12 +450,16 @@ class Supervisor:
             return
         now = time.monotonic()
         for slot, process in list(self._processes.items()):
-            if process.exitcode == EXIT_BAD_MODEL:
+            # Read once: a process that ends between two reads (its sentinel closes a moment
+            # before waitpid can reap it) looked running, then crashed with EXIT_BAD_MODEL, and
+            # was restarted once with a misleading warning.
+            code = process.exitcode
+            if code == EXIT_BAD_MODEL:
                 raise BadModel(f"worker slot {slot} cannot import or load model {self.spec.model!r}")
-            if process.exitcode is not None and slot not in self._restart_at:
+            if code is not None and slot not in self._restart_at:
                 self._restarts[slot] += 1
-                self._last_exit[slot] = (exit_description(process.exitcode), time.time())
-                self._restart_at[slot] = now + self._backoff(slot, process, now)
+                self._last_exit[slot] = (exit_description(code), time.time())
+                self._restart_at[slot] = now + self._backoff(slot, code, process.pid, now)
         for slot, when in list(self._restart_at.items()):
             if now >= when:
                 del self._restart_at[slot]
@@ -474,17 +478,17 @@ class Supervisor:
         except (BlockingIOError, InterruptedError):
             pass
 
-    def _backoff(self, slot: int, process: Any, now: float) -> float:
+    def _backoff(self, slot: int, code: int, pid: int | None, now: float) -> float:
         crashes = self._crashes[slot]
         crashes.append(now)
         while crashes and now - crashes[0] > self.restart_window:
             crashes.popleft()
         if len(crashes) > self.max_restarts:
             raise CrashLoop(f"worker slot {slot} died {len(crashes)} times within {self.restart_window:g}s "
-                            f"(last: pid {process.pid}, exit code {process.exitcode})")
+                            f"(last: pid {pid}, exit code {code})")
         delay = min(self.restart_backoff * 2.0 ** (len(crashes) - 1), 30.0)
         logger.warning("worker slot %d (pid %s) exited with code %s; restarting in %.1fs "
-                       "(%d of at most %d restarts within %gs)", slot, process.pid, process.exitcode, delay,
+                       "(%d of at most %d restarts within %gs)", slot, pid, code, delay,
                        len(crashes), self.max_restarts, self.restart_window)
         return delay
 
