@@ -29,6 +29,7 @@ from ..ops.tracing import current_traceparent
 from ..settings import ClientSettings, check_timeout, prefix_from_env, redis_url_from_env
 from ..wire.keys import Keys
 from ..wire.messages import Admission, QueueLimits, Verdict, call_tenants, enqueue_args, enqueue_keys
+from ..wire.published import LevelsCopy
 from ..wire.scripts import ScriptArgs
 
 # Connections per streamer: each waiting group of calls holds one for its BLPOP, so redis-py's
@@ -93,6 +94,7 @@ class CallFactory:
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix if prefix is not None else prefix_from_env())
         self._reply_head = self.keys.reply_head  # + a token of _next_token's: its reply key
+        self.levels_copy = LevelsCopy()  # refreshed by the streamer's worker gate
         self._identity_lock = threading.Lock()
         self._pid = -1
         self._client_id = ""
@@ -156,7 +158,8 @@ class CallFactory:
         shapes = [(call.payloads, call.deadline.at, call.priority, call.tenant) for call in calls]
         traceparents = [call.traceparent or b"" for call in calls]
         return {"keys": enqueue_keys(self.keys, (call.priority for call in calls), call_tenants(shapes)),
-                "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents)}
+                "args": enqueue_args(self.limits, calls[0].token, shapes, time.time(), traceparents,
+                                     self.levels_copy.fresh())}
 
     def refusal(self, verdict: Verdict, refused: Call) -> Overloaded | InvalidPriority | RateLimited | CallTooLarge:
         """The error of a call the ENQUEUE_CALLS script refused, saying why."""

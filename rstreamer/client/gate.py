@@ -33,7 +33,7 @@ from ..broker.connection import RedisClient
 from ..errors import NoLiveWorker
 from ..settings import ClientSettings, WorkerSettings
 from ..wire.keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
-from ..wire.published import live_workers
+from ..wire.published import LevelsCopy, live_workers
 from ..wire.shelf import aread_serving, read_serving
 
 Heartbeats = tuple[int, dict[str, dict[str, Any]]]
@@ -263,10 +263,11 @@ class WorkerGate:
         return max(0.0, bound)
 
 
-def read_gate(client: RedisClient, keys: Keys, with_known: bool) -> Reading:
+def read_gate(client: RedisClient, keys: Keys, with_known: bool, levels: LevelsCopy | None = None) -> Reading:
     """The gate's reading of ``keys``'s prefix through ``client``; the known prefixes (a SCAN)
-    only when asked for and no worker ever heart-beat on the prefix (a misspelt one, likely)."""
-    heartbeats = read_serving(client, keys)
+    only when asked for and no worker ever heart-beat on the prefix (a misspelt one, likely).
+    ``levels``: the streamer's copy of the published levels, refreshed by the same read."""
+    heartbeats = read_serving(client, keys, levels)
     if not with_known or heartbeats[1]:
         return heartbeats, None
     try:
@@ -276,9 +277,9 @@ def read_gate(client: RedisClient, keys: Keys, with_known: bool) -> Reading:
     return heartbeats, sorted(name for name in found if name)
 
 
-async def aread_gate(client: Any, keys: Keys, with_known: bool) -> Reading:
+async def aread_gate(client: Any, keys: Keys, with_known: bool, levels: LevelsCopy | None = None) -> Reading:
     """:func:`read_gate` through an asyncio client."""
-    heartbeats = await aread_serving(client, keys)
+    heartbeats = await aread_serving(client, keys, levels)
     if not with_known or heartbeats[1]:
         return heartbeats, None
     try:

@@ -179,10 +179,17 @@ class QueueLimits:
     group: str
 
 
+LEVELS_UNKNOWN = "?"
+"""What ENQUEUE_CALLS gets for the published levels when the client holds no copy: it reads them."""
+
+
 def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence[bytes], float, int, str | None]],
-                 now: float, traceparents: Sequence[bytes] = ()) -> list[Any]:
+                 now: float, traceparents: Sequence[bytes] = (), levels: bytes | None = None) -> list[Any]:
     """ARGV of ENQUEUE_CALLS for ``calls`` of one token, each ``(payloads, deadline, priority,
     tenant)`` (tenant None: no quota).
+
+    ``levels``: the client's fresh copy of the published levels (the key's value, ``b""`` when
+    none is published; see :class:`rstreamer.wire.published.LevelsCopy`), or None for none: the script reads the key.
 
     ``traceparents`` (optional, one per call, ``b""`` for none) follow the payloads; each
     call's entries then carry it in the optional field ``tp`` (rstreamer.ops.tracing).
@@ -199,7 +206,8 @@ def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence
         shapes += [len(call_payloads), max(0, int((deadline - now) * 1000)), int(deadline * 1000), priority, number]
         payloads += call_payloads
     return [limits.max_queue, limits.max_queue_bytes, int(ADMIT_WAIT_FRACTION * 1000), limits.group,
-            token, WIRE_VERSION, len(calls), len(tenants), *tenants, *shapes, *payloads,
+            token, WIRE_VERSION, len(calls), len(tenants), LEVELS_UNKNOWN if levels is None else levels,
+            *tenants, *shapes, *payloads,
             *(traceparents if any(traceparents) else ())]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..batching.priority import Levels
@@ -31,6 +32,38 @@ def publish_levels(client: RedisClient, keys: Keys, levels: Levels) -> None:
     """
     if levels.count > 1 or levels.max_queue != (0,) or levels.fair:
         client.set(keys.levels, levels.to_json(), ex=LEVELS_TTL_S)
+
+
+LEVELS_COPY_FRESH = 2.0
+"""Seconds a client's copy of the published levels stands in for the key (twice the worker gate's
+read interval: a client with calls in flight never lets it age past that)."""
+
+
+class LevelsCopy:
+    """A client's copy of a prefix's published levels, read with the heartbeats by its worker
+    gate (:func:`rstreamer.wire.shelf.read_serving`), so that an ENQUEUE need not read the key:
+    a lone call costs one Redis command less (issue 26). Sent only while at most
+    :data:`LEVELS_COPY_FRESH` seconds old; the ENQUEUE script reads the key itself when it has
+    no copy, or when the copy would refuse a call's level. Workers publish their levels before
+    their first heartbeat, so a reading that sees a worker sees its levels; a change of the
+    levels of a live fleet reaches clients within one read interval. Safe to share between
+    threads (one tuple, replaced whole).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._read: tuple[bytes, float] | None = None  # the key's value (b"": none) and when read
+
+    def update(self, raw: bytes | None) -> None:
+        """Record a read of the levels key (None: the key does not exist)."""
+        self._read = (raw or b"", self._clock())
+
+    def fresh(self) -> bytes | None:
+        """The copy to send (``b""``: no levels published), or None when there is no fresh one."""
+        read = self._read
+        if read is None or self._clock() - read[1] > LEVELS_COPY_FRESH:
+            return None
+        return read[0]
 
 
 def publish_quotas(client: RedisClient, keys: Keys, quotas: Quotas) -> None:

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from ..broker.connection import RedisClient, StreamRows, is_cluster
 from .keys import Keys, ShelfKeys
-from .published import LEVELS_TTL_S, live_workers, parse_read_workers, parse_workers, server_time_ms
+from .published import LEVELS_TTL_S, LevelsCopy, live_workers, parse_read_workers, parse_workers, server_time_ms
 from .scripts import scripts
 
 SHELF_TTL_S = 60
@@ -73,28 +73,36 @@ def shelf_prefixes(client: RedisClient) -> list[str]:
     return sorted(names)
 
 
-def read_serving(client: RedisClient, keys: Keys) -> Heartbeats:
+def read_serving(client: RedisClient, keys: Keys, levels: LevelsCopy | None = None) -> Heartbeats:
     """The heartbeats of the workers that can serve ``keys``'s prefix: its own workers and, when a
     shelf's workers can load its model, those shelf workers too (each stamped on the prefix's
     clock and marked with ``"shelf"``). What a worker gate reads: a call to a cold shelf model is
-    let through and waits for the load, instead of failing with NoLiveWorker."""
-    reply = scripts(client).read_serving(keys=[keys.workers, keys.shelf])
-    heartbeats = parse_read_workers(reply[:3])
+    let through and waits for the load, instead of failing with NoLiveWorker. The published
+    levels are read with them, into ``levels`` when given (a streamer's copy)."""
+    reply = scripts(client).read_serving(keys=[keys.workers, keys.shelf, keys.levels])
+    heartbeats = _serving(reply, levels)
     if not reply[3]:
         return heartbeats
     return merge_shelf(heartbeats, _shelf_name(reply[3]),
                        parse_read_workers(scripts(client).read_workers(keys=[ShelfKeys(_shelf_name(reply[3])).workers])))
 
 
-async def aread_serving(client: Any, keys: Keys) -> Heartbeats:
+async def aread_serving(client: Any, keys: Keys, levels: LevelsCopy | None = None) -> Heartbeats:
     """:func:`read_serving` through an asyncio client."""
-    reply = await scripts(client).read_serving(keys=[keys.workers, keys.shelf])
-    heartbeats = parse_read_workers(reply[:3])
+    reply = await scripts(client).read_serving(keys=[keys.workers, keys.shelf, keys.levels])
+    heartbeats = _serving(reply, levels)
     if not reply[3]:
         return heartbeats
     name = _shelf_name(reply[3])
     return merge_shelf(heartbeats, name,
                        parse_read_workers(await scripts(client).read_workers(keys=[ShelfKeys(name).workers])))
+
+
+def _serving(reply: list[Any], levels: LevelsCopy | None) -> Heartbeats:
+    """The prefix's own heartbeats in a READ_SERVING reply; its levels recorded in ``levels``."""
+    if levels is not None:
+        levels.update(reply[4])
+    return parse_read_workers(reply[:3])
 
 
 def _shelf_name(raw: Any) -> str:

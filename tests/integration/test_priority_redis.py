@@ -3,6 +3,7 @@ max_queue, validation of levels, reclaim of a SIGKILLed worker's entries of ever
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 from pathlib import Path
@@ -17,6 +18,7 @@ from rstreamer import (
     RedisStreamer,
 )
 from rstreamer.batching.priority import Levels
+from rstreamer.client.gate import WorkerGate
 from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import publish_levels, published_levels
@@ -114,6 +116,25 @@ def test_with_cost_aware_batching_an_urgent_call_does_not_wait_behind_the_held_b
     # Oldest-first would run the 12 bulk items held ahead of it, and the running batch, first.
     assert order.index("7") - ran_before < 12, order[ran_before:order.index("7") + 1]
     assert [int(x) for x in order if int(x) >= 1000] == list(range(1000, 1100)), "bulk is FIFO"
+
+
+def test_levels_published_after_a_streamer_read_its_copy_are_served_at_once(redis_client, redis_url, prefix):
+    # A streamer admits against its copy of the levels (read with the heartbeats, issue 26); a
+    # copy that would refuse a call's level is checked against the key, so levels a fleet has
+    # just added are never refused from an old copy.
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 2)
+    gate = WorkerGate(prefix, grace=math.inf)  # no worker runs here: nothing refused, still read
+    with RedisStreamer(redis_url, prefix, timeout=30, gate=gate) as streamer:
+        streamer.submit([0])
+        wait_until(lambda: streamer.calls.levels_copy.fresh() == b"", 10, what="the streamer's copy of no levels")
+        publish_levels(redis_client, keys, Levels((8, 1)))
+        assert streamer.calls.levels_copy.fresh() == b"", "the copy still says one level"
+        streamer.submit([1], priority=1)
+        assert redis_client.xlen(keys.requests_at(1)) == 1
+        redis_client.delete(keys.levels)
+        with pytest.raises(InvalidPriority, match="levels 0-0"):
+            streamer.submit([2], priority=1)
 
 
 def test_overloaded_hits_the_least_urgent_level_first(redis_client, redis_url, prefix):

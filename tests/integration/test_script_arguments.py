@@ -44,7 +44,7 @@ def fair(redis_client, prefix) -> Keys:
 def enqueue(client: redis.Redis, keys: Keys, remaining: str, token: str = "c1:0") -> list[object]:
     args = enqueue_args(QueueLimits(0, 0, keys.group), token, [([b"\x01", b"\x02"], time.time() + 30, 0, "acme")],
                         time.time())
-    args[8 + 1 + 1] = remaining  # after the 8 fixed arguments, the tenant name and the call's item count
+    args[9 + 1 + 1] = remaining  # after the 9 fixed arguments, the tenant name and the call's item count
     return scripts(client).enqueue_calls(keys=enqueue_keys(keys, [0], ["acme"]), args=args)
 
 

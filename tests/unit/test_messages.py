@@ -320,8 +320,12 @@ def test_enqueue_args_carry_each_calls_remaining_timeout_and_wall_deadline():
     args = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1",
                         [([b"a", b"b"], 105.5, 0, None), ([b"c"], 100.0 - 1, 2, "acme"), ([b"d"], 101.0, 0, "acme")],
                         now=100.0)
-    assert args == [10, 2000, 500, "workers", "c:1", 2, 3, 1, "acme", 2, 5500, 105500, 0, 0, 1, 0, 99000, 2, 1,
+    # No copy of the published levels: '?' (the script reads them).
+    assert args == [10, 2000, 500, "workers", "c:1", 2, 3, 1, "?", "acme", 2, 5500, 105500, 0, 0, 1, 0, 99000, 2, 1,
                     1, 1000, 101000, 0, 1, b"a", b"b", b"c", b"d"]
+    with_copy = enqueue_args(QueueLimits(10, 2000, "workers"), "c:1", [([b"a"], 101.0, 0, None)], now=100.0,
+                             levels=b"")
+    assert with_copy[8] == b""  # nothing published: one level, no bound
 
 
 def test_enqueue_keys_are_the_levels_then_the_level_keys_up_to_the_highest_priority():

@@ -6,7 +6,9 @@
 -- level among the calls its request stream, held-item queue, held items and virtual clocks (see
 -- include/fair.lua; used when the levels say 'fair').
 -- ARGV: max_queue (items, 0 = no limit), max_queue_bytes (0 = no limit), admit_wait_permille,
--- group, token, wire version, number of calls n, number of tenants t, then the t tenant names,
+-- group, token, wire version, number of calls n, number of tenants t, the client's copy of the
+-- published levels ('?': none, read KEYS[1]; '': nothing published; else its JSON), then the t
+-- tenant names,
 -- then n quintuples (item count, remaining timeout in ms, deadline on the client's wall clock in
 -- ms, priority level, tenant number 1..t or 0 for none), then the payloads of every call in
 -- order, then optionally one W3C traceparent per call ('' = none). Every number is checked
@@ -36,21 +38,26 @@ local max_bytes = integer(ARGV[2], 0, math.huge, 'max_queue_bytes')
 local permille, group, token, version = integer(ARGV[3], 0, 1000, 'admit wait'), ARGV[4], ARGV[5], ARGV[6]
 local calls, tenants = integer(ARGV[7], 0, #ARGV, 'number of calls'), integer(ARGV[8], 0, #KEYS, 'number of tenants')
 local streams = (#KEYS - 2 - tenants) / 4
-local payload = 9 + tenants + 5 * calls
+local payload = 10 + tenants + 5 * calls
 -- Every call's numbers first: a call refused by these checks must not follow calls added.
-local last = payload - 1
+local last, top = payload - 1, 0
 for c = 1, calls do
-  local at = 4 + tenants + 5 * c
+  local at = 5 + tenants + 5 * c
   last = last + integer(ARGV[at], 0, #ARGV, 'item count')
   integer(ARGV[at + 1], 0, MAX_MS, 'remaining timeout (ms)')
   integer(ARGV[at + 2], 0, 2 ^ 53, 'deadline (ms)')
-  integer(ARGV[at + 3], 0, math.huge, 'priority level')
+  top = math.max(top, integer(ARGV[at + 3], 0, math.huge, 'priority level'))
   integer(ARGV[at + 4], 0, tenants, 'tenant number')
 end
 integer(last, 0, #ARGV, 'number of payloads')
-local levels, bounds, fair = published_levels(KEYS[1])
+-- The client's copy of the levels (read with the heartbeats, at most two seconds old) spares
+-- every ENQUEUE a GET (issue 26); a copy that would refuse a call's level is checked against
+-- the key itself, so a fleet that just added levels is never refused from an old copy.
+local levels, bounds, fair
+if ARGV[9] ~= '?' then levels, bounds, fair = levels_of(ARGV[9]) end
+if not levels or top >= levels then levels, bounds, fair = published_levels(KEYS[1]) end
 -- Only what a call uses is read: the quotas when a call names a tenant, the clock when an age,
--- a bucket or a held item needs it (a lone call on an idle prefix: GET, XLEN and XADD; issue 26).
+-- a bucket or a held item needs it (a lone call on an idle prefix: XLEN and XADD; issue 26).
 local quotas = tenants > 0 and published_quotas(KEYS[2])
 local clock = lazy_clock()
 local lks, backlog, undelivered, age, queued_bytes = {}, {}, {}, {}, 0
@@ -60,19 +67,19 @@ for l = 1, streams do
   backlog[l], undelivered[l], age[l], bytes = level_queue(lks[l], group, fair, max_bytes > 0, clock)
   queued_bytes = queued_bytes + bytes
 end
-local function tenant_name(number) return number > 0 and ARGV[8 + number] or '' end
+local function tenant_name(number) return number > 0 and ARGV[9 + number] or '' end
 -- tenant number -> its bucket (tokens refilled to now), read once per script
 local buckets = {}
 local function bucket(number)
-  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[8 + number], KEYS[2 + number], clock())
+  buckets[number] = buckets[number] or bucket_of(quotas, ARGV[9 + number], KEYS[2 + number], clock())
   return buckets[number]
 end
 local traced = payload
-for c = 1, calls do traced = traced + tonumber(ARGV[4 + tenants + 5 * c]) end
+for c = 1, calls do traced = traced + tonumber(ARGV[5 + tenants + 5 * c]) end
 local index = 0
 local reply, ids = {calls}, {}
 for c = 1, calls do
-  local at = 4 + tenants + 5 * c
+  local at = 5 + tenants + 5 * c
   local size, remaining, deadline = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), ARGV[at + 2]
   local level, tenant = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local tp = ARGV[traced + c - 1]

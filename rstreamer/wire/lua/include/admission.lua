@@ -3,13 +3,15 @@
 -- levels and quotas the workers published, a level's queue, its bound, a tenant's token bucket,
 -- the layout of a request entry and how items are added to a level. A job's items are admitted
 -- by the same rules as a call's, a window at a time (docs/jobs.md).
--- The levels the workers published (JSON {weights, max_queue, fair}; absent: one level, as
+-- The levels the workers published (JSON {weights, max_queue, fair}; absent or '': one level, as
 -- before priority levels): their number, their bounds, and whether they are shared fairly.
-local function published_levels(key)
-  local published = redis.call('GET', key)
-  if not published then return 1, {}, false end
+local function levels_of(published)
+  if not published or published == '' then return 1, {}, false end
   local config = cjson.decode(published)
   return #config['weights'], config['max_queue'] or {}, config['fair'] == true
+end
+local function published_levels(key)
+  return levels_of(redis.call('GET', key))
 end
 -- The tenant quotas the workers published (JSON {rate, burst, tenants}), or nil for none.
 local function published_quotas(key)
