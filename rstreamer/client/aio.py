@@ -60,7 +60,8 @@ class AsyncRedisStreamer:
         self.redis = create_async_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                         max_connections=max_connections)
         self.gate = gate or WorkerGate.for_settings(self.keys.prefix, self.settings)
-        self._read_gate = functools.partial(aread_gate, self.redis, self.keys, levels=self.calls.levels_copy)
+        self.calls.levels_copy = self.gate.levels
+        self._read_gate = functools.partial(aread_gate, self.redis, self.keys, levels=self.gate.levels)
         self._coalescer = AsyncCoalescer(self.redis, self.url, self.calls)
         self.jobs = AsyncJobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes,
                                    max_queue=self.settings.max_queue)

@@ -87,6 +87,9 @@ class WorkerGate:
         self._failed = False  # the latest read failed: no verdict
         self._last_live: float | None = None  # this process's clock, when a live worker was last seen
         self._known_prefixes: list[str] | None = None  # read once, for the refusal's message
+        # The published levels, read with the heartbeats: what the streamers of this gate send
+        # with their ENQUEUEs (one gate per prefix in a web app, whoever reads it).
+        self.levels = LevelsCopy(clock)
 
     @classmethod
     def for_settings(cls, prefix: str, settings: ClientSettings, grace: float = NO_WORKER_GRACE,

@@ -51,7 +51,8 @@ class RedisStreamer(BaseStreamer):
         self.redis = create_redis(self.url, socket_timeout=SOCKET_TIMEOUT, retries=CLIENT_RETRIES,
                                   max_connections=MAX_CONNECTIONS)
         self.gate = gate or WorkerGate.for_settings(self.keys.prefix, self.settings)
-        self._read_gate = functools.partial(read_gate, self.redis, self.keys, levels=self.calls.levels_copy)
+        self.calls.levels_copy = self.gate.levels
+        self._read_gate = functools.partial(read_gate, self.redis, self.keys, levels=self.gate.levels)
         self._coalescer = Coalescer(self.redis, self.url, self.calls)
         self.jobs = JobClient(self.redis, self.keys, self.url, self.settings.max_item_bytes,
                               max_queue=self.settings.max_queue)

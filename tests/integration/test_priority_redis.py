@@ -124,17 +124,32 @@ def test_levels_published_after_a_streamer_read_its_copy_are_served_at_once(redi
     # just added are never refused from an old copy.
     keys = Keys(prefix)
     ensure_groups(redis_client, keys, 2)
-    gate = WorkerGate(prefix, grace=math.inf)  # no worker runs here: nothing refused, still read
+    # No worker runs here: nothing refused, still read; read once (and its copy fresh for good).
+    gate = WorkerGate(prefix, grace=math.inf, interval=math.inf, clock=lambda: 0.0)
     with RedisStreamer(redis_url, prefix, timeout=30, gate=gate) as streamer:
         streamer.submit([0])
-        wait_until(lambda: streamer.calls.levels_copy.fresh() == b"", 10, what="the streamer's copy of no levels")
+        wait_until(lambda: gate.levels.fresh() == b"", 10, what="the streamer's copy of no levels")
         publish_levels(redis_client, keys, Levels((8, 1)))
-        assert streamer.calls.levels_copy.fresh() == b"", "the copy still says one level"
         streamer.submit([1], priority=1)
         assert redis_client.xlen(keys.requests_at(1)) == 1
         redis_client.delete(keys.levels)
         with pytest.raises(InvalidPriority, match="levels 0-0"):
             streamer.submit([2], priority=1)
+        assert gate.levels.fresh() == b"", "the copy still said one level throughout"
+
+
+def test_a_copy_of_the_levels_that_says_fair_is_checked_against_the_key(redis_client, redis_url, prefix):
+    # Items held for a fleet that has gone back to fifo would never be moved onto its stream: a
+    # copy that says fair is never trusted alone.
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)  # fifo workers publish nothing: no levels key
+    gate = WorkerGate(prefix, grace=math.inf, interval=math.inf, clock=lambda: 0.0)
+    assert gate.claim_refresh()  # as if read (it never reads again): no read refreshes the copy
+    gate.levels.update(Levels(fair=True).to_json().encode())  # read while the fleet was fair
+    with RedisStreamer(redis_url, prefix, timeout=30, gate=gate) as streamer:
+        streamer.submit([1, 2], tenant="acme")
+        assert redis_client.xlen(keys.requests) == 2, "both items on the stream, none held"
+        assert not redis_client.exists(*keys.level_keys(0)[1:])
 
 
 def test_overloaded_hits_the_least_urgent_level_first(redis_client, redis_url, prefix):

@@ -146,8 +146,13 @@ MUTATIONS = [
               f"{CANCEL}::test_a_call_that_times_out_while_a_worker_runs_it_gets_no_reply_written[async]")),
     # rstreamer status reports no wait for a level with waiting items.
     # A stale copy of the published levels refuses a level the fleet has just added.
-    Mutation("levels-copy-check", "enqueue_lua", "if not levels or top >= levels then", "if not levels then",
+    Mutation("levels-copy-check", "enqueue_lua", "if not levels or fair or top >= levels then",
+             "if not levels or fair then",
              (f"{PRIORITY}::test_levels_published_after_a_streamer_read_its_copy_are_served_at_once",)),
+    # A copy that says fair holds items for a fleet gone back to fifo, which never runs them.
+    Mutation("levels-copy-fair", "enqueue_lua", "if not levels or fair or top >= levels then",
+             "if not levels or top >= levels then",
+             (f"{PRIORITY}::test_a_copy_of_the_levels_that_says_fair_is_checked_against_the_key",)),
     Mutation("status-oldest-wait", "status", "round(max(0, snapshot.now_ms - d.oldest_ms) / 1000, 3)", "0.0",
              (f"{PRIORITY}::test_status_shows_depth_and_wait_per_level",)),
 ]

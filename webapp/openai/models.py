@@ -21,7 +21,7 @@ from rstreamer.client.gate import Heartbeats, WorkerGate
 from rstreamer.errors import BrokerUnavailable, ConfigError
 from rstreamer.ops.status import list_prefixes
 from rstreamer.wire.keys import Keys, validate_prefix
-from rstreamer.wire.published import live_workers
+from rstreamer.wire.published import LevelsCopy, live_workers
 from rstreamer.wire.shelf import read_serving, shelf_prefixes
 
 from .config import OpenAIConfig
@@ -77,14 +77,15 @@ class ModelDirectory:
             self._gates.pop(prefix, None)
         raise _unknown(name)
 
-    def resolve(self, name: str, read: Callable[[Keys], Heartbeats]) -> str:
+    def resolve(self, name: str, read: Callable[[Keys, LevelsCopy], Heartbeats]) -> str:
         """The prefix of ``name``, its gate refreshed with ``read`` (sync I/O; a failed read
-        raises nothing here); raises as :meth:`check`."""
+        raises nothing here; it refreshes the gate's copy of the published levels too, which the
+        prefix's streamer sends); raises as :meth:`check`."""
         prefix = self.prefix_of(name)
         gate = self.gate(prefix)
         if self.needs_read(gate):
             with contextlib.suppress(redis.RedisError, BrokerUnavailable):
-                gate.update(read(Keys(prefix)))
+                gate.update(read(Keys(prefix), gate.levels))
         self.check(name, prefix, gate)
         return prefix
 

@@ -40,7 +40,7 @@ class _Common:
     def resolve(self, model: str) -> str:
         """The prefix serving ``model`` (sync I/O); 404 or NoLiveWorker (503) as the directory decides."""
         # A shelf's live workers serve its cold models too: the call waits for the load.
-        return self.directory.resolve(model, lambda keys: read_serving(self.probe, keys))
+        return self.directory.resolve(model, lambda keys, levels: read_serving(self.probe, keys, levels))
 
     def models(self) -> list[tuple[str, int]]:
         """``(name, created)`` of the models live workers serve (sync I/O)."""
@@ -95,7 +95,7 @@ class AsyncOpenAIService(_Common):
                 self._async_probe = create_async_redis(self.config.redis_url, socket_timeout=protocol.PROBE_TIMEOUT,
                                                        retries=0)
             with contextlib.suppress(redis.RedisError, BrokerUnavailable, asyncio.TimeoutError):
-                gate.update(await aread_serving(self._async_probe, Keys(prefix)))
+                gate.update(await aread_serving(self._async_probe, Keys(prefix), gate.levels))
         directory.check(model, prefix, gate)
         return prefix
 

@@ -51,11 +51,12 @@ for c = 1, calls do
 end
 integer(last, 0, #ARGV, 'number of payloads')
 -- The client's copy of the levels (read with the heartbeats, at most two seconds old) spares
--- every ENQUEUE a GET (issue 26); a copy that would refuse a call's level is checked against
--- the key itself, so a fleet that just added levels is never refused from an old copy.
+-- every ENQUEUE a GET (issue 26). A copy that would refuse a call's level is checked against
+-- the key itself, so a fleet that just added levels is never refused from an old copy; so is a
+-- copy that says fair, since items held for a fleet gone back to fifo would never run.
 local levels, bounds, fair
 if ARGV[9] ~= '?' then levels, bounds, fair = levels_of(ARGV[9]) end
-if not levels or top >= levels then levels, bounds, fair = published_levels(KEYS[1]) end
+if not levels or fair or top >= levels then levels, bounds, fair = published_levels(KEYS[1]) end
 -- Only what a call uses is read: the quotas when a call names a tenant, the clock when an age,
 -- a bucket or a held item needs it (a lone call on an idle prefix: XLEN and XADD; issue 26).
 local quotas = tenants > 0 and published_quotas(KEYS[2])
