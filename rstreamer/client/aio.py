@@ -10,7 +10,6 @@ lost, and the caller returns in time whatever Redis does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -74,12 +73,16 @@ class AsyncRedisStreamer:
         InvalidPriority for a level the workers do not serve (0, the default, is the most urgent)
         and RateLimited when ``tenant`` is over its quota.
         """
+        return await self._submit(batch, timeout, priority, tenant, patient=False)
+
+    async def _submit(self, batch: list[Any], timeout: float | None, priority: int, tenant: str | None,
+                      patient: bool) -> AsyncFuture:
         call = self.calls.new_call(list(batch), timeout, priority, tenant)
         if call.payloads:
             call = await self._admit(call)
         future = AsyncFuture(call)
         if call.payloads:
-            await self._coalescer.enqueue(future)
+            await self._coalescer.enqueue(future, patient)
         return future
 
     async def _admit(self, call: Call) -> Call:
@@ -94,7 +97,8 @@ class AsyncRedisStreamer:
 
         Cancelling the task that awaits it withdraws the call's items (see rstreamer.wire.cancel).
         """
-        future = await self.submit(batch, timeout, priority=priority, tenant=tenant)
+        # patient: the task waits once, from enqueue to answer (a refusal settles the future).
+        future = await self._submit(batch, timeout, priority, tenant, patient=True)
         try:
             return await future.result()
         except asyncio.CancelledError:
@@ -158,10 +162,13 @@ class AsyncFuture(BaseFuture):
         super().__init__(len(call.payloads), call.timeout, call.deadline)
         self.call = call
         self.ticket: AsyncTicket | None = None  # its place in the coalescer, once enqueued
-        self._settled_event = asyncio.Event()
+        # One loop future per wait in progress: a wait is a future and a timer, where
+        # asyncio.wait_for on an Event cost a task, a second future and more (issue 26).
+        self._waiters: list[asyncio.Future[None]] = []
 
     def _on_complete(self) -> None:
-        self._settled_event.set()
+        for waiter in self._waiters:
+            _wake(waiter)
 
     async def result(self, timeout: float | None = None) -> list[Any]:
         """The outputs, in order; raises the error of the first failed item.
@@ -170,11 +177,17 @@ class AsyncFuture(BaseFuture):
         sooner) passes first.
         """
         if not self.settled():
-            remaining = self._until(timeout) - time.monotonic()
-            # Waits on an event, never on Redis: cancelling or timing out this wait leaves the
-            # group's BLPOP task running, so no popped reply is lost.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._settled_event.wait(), max(0.0, remaining))
+            # Waits on a future of its own, never on Redis: cancelling or timing out this wait
+            # leaves the group's BLPOP task running, so no popped reply is lost.
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            timer = loop.call_later(max(0.0, self._until(timeout) - time.monotonic()), _wake, waiter)
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiters.remove(waiter)
         if not self.settled():
             raise self._timeout_error()
         return self._values()
@@ -182,3 +195,8 @@ class AsyncFuture(BaseFuture):
     def __await__(self) -> Generator[Any, None, list[Any]]:
         return self.result().__await__()
 
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """End a wait (its call settled, or its time is up)."""
+    if not waiter.done():
+        waiter.set_result(None)

@@ -49,8 +49,14 @@ class AsyncTicket(BaseTicket):
 
     async def wait_decided(self) -> None:
         """Wait until the ENQUEUE has decided or the call's deadline has passed (a caller that is
-        cancelled meanwhile does not cancel the ENQUEUE)."""
-        await asyncio.wait({self._verdict}, timeout=self.future.call.remaining())
+        cancelled meanwhile cancels only its own wait, never the ENQUEUE)."""
+        # A timer that ends the wait at the deadline: asyncio.wait(timeout=) cost a second future
+        # and callbacks per call (issue 26).
+        timer = asyncio.get_running_loop().call_later(self.future.call.remaining(), self._decided)
+        try:
+            await self._verdict
+        finally:
+            timer.cancel()
 
 
 class AsyncCoalescer:
@@ -72,9 +78,10 @@ class AsyncCoalescer:
 
     # callers ---------------------------------------------------------------------------------
 
-    async def enqueue(self, future: AsyncFuture) -> None:
-        """Queue ``future``'s call and return once it is enqueued (raising why it was not) or its
-        deadline has passed (the future then times out)."""
+    async def enqueue(self, future: AsyncFuture, patient: bool = False) -> None:
+        """Queue ``future``'s call. Unless ``patient``, return once it is enqueued (raising why it
+        was not) or its deadline has passed (the future then times out); a patient caller learns
+        the outcome from the future (a refused call's future fails with its error)."""
         if self._closed:
             raise BrokerUnavailable("the streamer is closed")
         ticket = future.ticket = AsyncTicket(future)
@@ -83,6 +90,8 @@ class AsyncCoalescer:
         if not self._flushing:
             self._flushing = True
             self._spawn(self._flush(), self._flusher)
+        if patient:
+            return
         try:
             await ticket.wait_decided()
         except asyncio.CancelledError:
