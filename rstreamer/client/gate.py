@@ -234,10 +234,11 @@ class WorkerGate:
     async def aadmit(self, read: AsyncRead, until: float | None = None) -> bool:
         """:meth:`admit` for asyncio: the read runs in a task of its own, which a waiting caller
         that is cancelled does not cancel."""
-        with self._lock:
-            if self._claim():
-                self._refreshing = True
-                self._task = asyncio.ensure_future(self._arefresh(read))
+        if self._due(self._clock()):  # asked without the lock first, as admit() does
+            with self._lock:
+                if self._claim():
+                    self._refreshing = True
+                    self._task = asyncio.ensure_future(self._arefresh(read))
         task = self._task
         if task is not None and not task.done() and self._undecided():
             done, _ = await asyncio.wait({task}, timeout=self._wait_bound(until))
