@@ -189,7 +189,8 @@ def enqueue_args(limits: QueueLimits, token: str, calls: Sequence[tuple[Sequence
     tenant)`` (tenant None: no quota).
 
     ``levels``: the client's fresh copy of the published levels (the key's value, ``b""`` when
-    none is published; see :class:`rstreamer.wire.published.LevelsCopy`), or None for none: the script reads the key.
+    none is published; see :class:`rstreamer.wire.published.LevelsCopy`), or None for none:
+    the script reads the key.
 
     ``traceparents`` (optional, one per call, ``b""`` for none) follow the payloads; each
     call's entries then carry it in the optional field ``tp`` (rstreamer.ops.tracing).
