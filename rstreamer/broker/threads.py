@@ -14,6 +14,7 @@ threads and stops waiting at the deadline (issue 22, defect 7: streams and ``Job
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -23,7 +24,9 @@ from concurrent.futures import Future
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
-_Task = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Task = tuple["Future[Any] | None", Callable[..., Any], tuple[Any, ...]]
+
+logger = logging.getLogger(__name__)
 
 
 # Held only while a process makes its pools' primitives (nothing in it waits or does I/O).
@@ -32,7 +35,8 @@ _SETUP = threading.Lock()
 
 class DaemonThreads:
     """Runs tasks in up to ``max_threads`` daemon threads, an idle one first (as
-    ThreadPoolExecutor does: ``submit`` returns a Future, ``shutdown`` refuses new tasks)."""
+    ThreadPoolExecutor does: ``submit`` returns a Future, ``shutdown`` refuses new tasks);
+    :meth:`run` for a task nobody waits for, whose error is logged."""
 
     def __init__(self, max_threads: int, name: str) -> None:
         self._max = max_threads
@@ -51,7 +55,7 @@ class DaemonThreads:
             if self._pid == os.getpid():
                 return
             self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
-            self._idle = threading.Semaphore(0)
+            self._idle = 0  # threads waiting for a task; counted under the lock
             self._lock = threading.Lock()
             self._started = 0
             self._pid = os.getpid()
@@ -59,27 +63,46 @@ class DaemonThreads:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Run ``fn(*args)`` in a thread; raises RuntimeError after :meth:`shutdown`."""
         future: Future[Any] = Future()
+        self._put((future, fn, args))
+        return future
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` in a thread, waited for by nobody: an error it raises is logged.
+
+        Raises RuntimeError after :meth:`shutdown`. No Future is made: the streamer's flusher
+        and poppers start once per group of calls (issue 26).
+        """
+        self._put((None, fn, args))
+
+    def _put(self, task: _Task) -> None:
         self._for_this_process()
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run new tasks after shutdown")
-            self._tasks.put((future, fn, args))
-            if not self._idle.acquire(blocking=False) and self._started < self._max:
+            self._tasks.put(task)
+            if self._idle:
+                self._idle -= 1  # an idle thread takes it
+            elif self._started < self._max:
                 self._started += 1
                 threading.Thread(target=self._work, name=f"{self._name}_{self._started}", daemon=True).start()
-        return future
 
     def _work(self) -> None:
         while (task := self._tasks.get()) is not None:
             future, fn, args = task
             del task
-            if future.set_running_or_notify_cancel():
+            if future is None:
+                try:
+                    fn(*args)
+                except BaseException:  # noqa: BLE001 - nobody waits for it: say so, keep serving
+                    logger.exception("rstreamer: a background task of the streamer failed")
+            elif future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
                 except BaseException as exc:  # noqa: BLE001 - the Future carries it, as in ThreadPoolExecutor
                     future.set_exception(exc)
             del future, fn, args
-            self._idle.release()
+            with self._lock:
+                self._idle += 1
 
     def shutdown(self, cancel_futures: bool = True) -> None:
         """Refuse new tasks, cancel the queued ones (if ``cancel_futures``) and let each thread end
@@ -93,7 +116,7 @@ class DaemonThreads:
                         task = self._tasks.get_nowait()
                     except queue.Empty:
                         break
-                    if task is not None:
+                    if task is not None and task[0] is not None:
                         task[0].cancel()
             for _ in range(self._started):
                 self._tasks.put(None)

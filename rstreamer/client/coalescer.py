@@ -194,7 +194,7 @@ class Coalescer:
     def _start(self, task: Callable[..., None], *args: Any) -> bool:
         """Run ``task`` in an I/O thread; False once the streamer is closed."""
         try:
-            self._io.submit(task, *args)
+            self._io.run(task, *args)
         except RuntimeError:  # shut down by close()
             return False
         return True

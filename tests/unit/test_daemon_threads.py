@@ -50,3 +50,20 @@ def test_call_within_stops_waiting_at_the_deadline():
     assert time.monotonic() - started < 5
     release.set()
     assert call_within(lambda: 42, time.monotonic() + 5, lambda: TimeoutError("late")) == 42
+
+
+def test_a_task_nobody_waits_for_has_its_error_logged_and_its_thread_serves_on(caplog):
+    pool = DaemonThreads(1, "test")
+    ran = threading.Event()
+
+    def fails() -> None:
+        raise ValueError("boom")
+
+    with caplog.at_level("ERROR", logger="rstreamer.broker.threads"):
+        pool.run(fails)
+        pool.run(ran.set)  # the one thread took the failing task and is idle again
+        assert ran.wait(5), "the pool's only thread stopped after a failing task"
+    assert "background task of the streamer failed" in caplog.text and "ValueError: boom" in caplog.text
+    pool.shutdown()
+    with pytest.raises(RuntimeError):
+        pool.run(lambda: None)
