@@ -94,7 +94,9 @@ class CallFactory:
         self.url = normalize_broker_url(redis_broker or redis_url_from_env())
         self.keys = Keys(prefix if prefix is not None else prefix_from_env())
         self._reply_head = self.keys.reply_head  # + a token of _next_token's: its reply key
-        self.levels_copy = LevelsCopy()  # the streamer's worker gate's, refreshed by its reads
+        # A streamer puts its worker gate's copy here (refreshed by the gate's reads); this one,
+        # never read into, sends none: the ENQUEUE script then reads the levels itself.
+        self.levels_copy = LevelsCopy()
         self._identity_lock = threading.Lock()
         self._pid = -1
         self._client_id = ""

@@ -44,10 +44,10 @@ class LevelsCopy:
     gate (:func:`rstreamer.wire.shelf.read_serving`), so that an ENQUEUE need not read the key:
     a lone call costs one Redis command less (issue 26). Sent only while at most
     :data:`LEVELS_COPY_FRESH` seconds old; the ENQUEUE script reads the key itself when it has
-    no copy, or when the copy would refuse a call's level. Workers publish their levels before
-    their first heartbeat, so a reading that sees a worker sees its levels; a change of the
-    levels of a live fleet reaches clients within one read interval. Safe to share between
-    threads (one tuple, replaced whole).
+    no copy, when the copy would refuse a call's level, and when the copy says fair. Workers
+    publish their levels before their first heartbeat, so a reading that sees a worker sees its
+    levels; a change of the levels of a live fleet reaches clients within
+    :data:`LEVELS_COPY_FRESH` seconds. Safe to share between threads (one tuple, replaced whole).
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
