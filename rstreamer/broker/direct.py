@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from hiredis import pack_command  # redis[hiredis] is a dependency
 from redis.commands.core import Script
 
 from .connection import RedisClient
@@ -25,7 +26,9 @@ def direct_command(client: RedisClient, *args: Any) -> Any:
     pool = client.connection_pool
     connection: Any = pool.get_connection()  # redis-py leaves most of Connection unannotated
     try:
-        connection.send_command(*args)
+        # Packed in one C call: redis-py's serializer first copies every argument through a
+        # generator (an ENQUEUE of 16 calls: 1 us per call of its 11 in Python; issue 26).
+        connection.send_packed_command((pack_command(args),))
         return connection.read_response()
     except redis.ResponseError:
         raise  # the error is the whole reply: the connection is fit for the next command

@@ -46,6 +46,20 @@ SOCKET_TIMEOUT = BLPOP_SLICE + 3.0
 CLIENT_RETRIES = 0
 
 
+# How many forks this process is removed from the one that imported this module: a streamer
+# compares it, not os.getpid() (a system call on every call; issue 26), to tell that it runs in
+# a child that must make its own reply keys.
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 # Not frozen: a frozen dataclass's __init__ (object.__setattr__ per field) cost a call 3 us of
 # its 9 here (issue 26). Nothing changes a Call once made; CallFactory.cold makes a new one.
 @dataclass(slots=True)
@@ -98,18 +112,18 @@ class CallFactory:
         # never read into, sends none: the ENQUEUE script then reads the levels itself.
         self.levels_copy = LevelsCopy()
         self._identity_lock = threading.Lock()
-        self._pid = -1
+        self._forks = -1  # the value of _forks its identity was made under (-1: none yet)
         self._client_id = ""
         self._tasks = itertools.count()
 
     def _next_token(self) -> str:
-        if self._pid != os.getpid():
+        if self._forks != _forks:
             # A streamer built before a fork must not reuse its parent's reply keys.
             with self._identity_lock:
-                if self._pid != os.getpid():
+                if self._forks != _forks:
                     self._client_id = secrets.token_hex(8)
                     self._tasks = itertools.count()
-                    self._pid = os.getpid()
+                    self._forks = _forks
         return f"{self._client_id}:{next(self._tasks)}"
 
     def new_call(self, batch: list[Any], timeout: float | None, priority: int = 0, tenant: str | None = None) -> Call:
@@ -118,8 +132,10 @@ class CallFactory:
         level (whether the workers serve it, the ENQUEUE script says), an invalid tenant name or
         a timeout that is not a number of seconds > 0 and at most MAX_TIMEOUT (one day)."""
         check_priority(priority)
-        check_tenant(tenant)
-        timeout = check_timeout(self.settings.timeout if timeout is None else timeout)
+        if tenant is not None:
+            check_tenant(tenant)
+        # The settings' timeout was checked when they were made.
+        timeout = float(self.settings.timeout) if timeout is None else check_timeout(timeout)
         max_queue = self.settings.max_queue
         if max_queue and len(batch) > max_queue:
             # Refused at once: it could only ever be refused as Overloaded, however often retried.

@@ -265,6 +265,10 @@ class Verdict:
         return Overloaded(f"prefix {prefix!r} is overloaded: {why}")
 
 
+ADDED = Verdict()  # the verdict of a call that was added
+_ADDED_TRIPLE = (0, 0, 0)
+
+
 @dataclass(frozen=True)
 class Admission:
     """The ENQUEUE_CALLS reply: one verdict per call, and the ids of the entries added (in order)."""
@@ -278,7 +282,10 @@ class Admission:
         call, then the ids of the entries added."""
         calls = int(reply[0])
         numbers = [int(value) for value in reply[1:1 + 3 * calls]]
-        verdicts = tuple(Verdict(*numbers[3 * c:3 * c + 3]) for c in range(calls))
+        # Most calls are added: they share one verdict (a frozen dataclass each cost a call of a
+        # coalesced ENQUEUE 0.4 us; issue 26).
+        verdicts = tuple(ADDED if triple == _ADDED_TRIPLE else Verdict(*triple)
+                         for triple in zip(numbers[0::3], numbers[1::3], numbers[2::3], strict=True))
         return cls(verdicts, tuple(reply[1 + 3 * calls:]))
 
 

@@ -107,14 +107,25 @@ for c = 1, calls do
   end
   if reason == 0 then
     if b then take(b, size, clock()) end
-    local function fields_of(k)
-      return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
-    end
-    local added
     local l = level + 1
-    added, undelivered[l] = add(lks[l], fair, tenant_name(tenant), token, index, size, fields_of,
-                                remaining, undelivered[l], fair and clock() or 0, backlog[l] - undelivered[l])
-    for _, id in ipairs(added) do ids[#ids + 1] = id end
+    if fair then
+      local function fields_of(k)
+        return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
+      end
+      local added
+      added, undelivered[l] = add(lks[l], fair, tenant_name(tenant), token, index, size, fields_of,
+                                  remaining, undelivered[l], clock(), backlog[l] - undelivered[l])
+      for _, id in ipairs(added) do ids[#ids + 1] = id end
+    else
+      -- A fifo level's items go straight onto its stream, as add() would put them, without a
+      -- closure and a table per call (an ENQUEUE of 16 calls: 68 -> 62 us of Redis; issue 26).
+      local stream = lks[l][1]
+      for k = 0, size - 1 do
+        ids[#ids + 1] = redis.call('XADD', stream, '*',
+                                   entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp))
+      end
+      undelivered[l] = undelivered[l] + size
+    end
     backlog[level + 1] = backlog[level + 1] + size
     queued_bytes = queued_bytes + bytes
   end
