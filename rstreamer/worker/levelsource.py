@@ -7,7 +7,7 @@ gets) is :class:`rstreamer.batching.priority.DeficitScheduler`; this module only
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 from redis.typing import KeyT, StreamIdT
@@ -17,6 +17,7 @@ from ..broker.connection import RedisClient, is_nogroup
 from ..wire.groups import ensure_groups
 from ..wire.keys import Keys
 from ..wire.scripts import scripts
+from .carry import Carrier
 from .records import Entry, field_dict
 
 LevelEntry = tuple[int, Entry]
@@ -55,17 +56,19 @@ class SingleLevel:
         self.source.rewind()
 
 
-class LevelSource:
+class LevelSource(Carrier):
     """The ItemSource of a worker that serves several priority levels.
 
-    Each fetch runs READ_LEVELS (both passes of the scheduler in one round trip); when that
-    finds nothing, a blocked XREAD on every level's stream waits for an entry newer than the
-    newest the script saw, then READ_LEVELS runs again. After a failed reply (:meth:`rewind`)
-    this consumer's own unacked entries are served again first, level by level.
+    Each fetch runs READ_LEVELS (both passes of the scheduler in one round trip, with the last
+    batch's FINISH: :class:`~rstreamer.worker.carry.Carrier`); when that finds nothing, a
+    blocked XREAD on every level's stream waits for an entry newer than the newest the script
+    saw, then READ_LEVELS runs again. After a failed reply (:meth:`rewind`) this consumer's own
+    unacked entries are served again first, level by level.
     """
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels,
                  reads: RedisClient | None = None) -> None:
+        super().__init__(reads or client)
         self._client = client
         self._keys = keys
         self._consumer = consumer
@@ -83,36 +86,69 @@ class LevelSource:
         wire/lua/cancel.lua)."""
 
     def rewind(self) -> None:
-        """Serve this consumer's own unacked entries again, before new ones."""
+        """Serve this consumer's own unacked entries again, before new ones; a carried call not
+        sent yet is dropped (its entries are among them: served again, as after a failed FINISH)."""
         self._cursors = ["-"] * self.levels.count
+        self.drop()
 
     def fetch(self, max_items: int, timeout: float) -> list[LevelEntry]:
         """Up to ``max_items`` (level, entry) pairs: this consumer's own backlog first, then new
         ones by deficit round robin (blocking up to ``timeout`` s for the first)."""
         self.fresh = False
-        backlog = self._read_own_pending(max_items)
-        if backlog:
-            return backlog
-        self.fresh = not self.levels.fair
+        if any(cursor is not None for cursor in self._cursors):
+            self.flush()  # else the entries it answers would be among those served again
+            backlog = self._read_own_pending(max_items)
+            if backlog:
+                return backlog
         entries, newest = self._read_levels(max_items)
         if entries or timeout <= 0 or newest is None:
             return entries
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms.
+        block = max(1, int(timeout * 1000))
+        if self.can_carry:
+            # The wait and the read after it in one round trip: Redis runs READ_LEVELS the moment
+            # the blocked XREAD returns (a worker that finds its levels empty between two
+            # batches paid three round trips for the next one; issue 26).
+            wait = ["XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *self._streams, *newest]
+            entries, _ = self._read_levels(max_items, wait)
+            return entries
         heads: dict[KeyT, StreamIdT] = dict(zip(self._streams, newest, strict=True))
-        if self._client.xread(heads, count=1, block=max(1, int(timeout * 1000))):
+        if self._client.xread(heads, count=1, block=block):
             entries, _ = self._read_levels(max_items)
         return entries
 
-    def _read_levels(self, max_items: int) -> tuple[list[LevelEntry], list[bytes] | None]:
+    def _read_levels(self, max_items: int,
+                     wait: list[Any] | None = None) -> tuple[list[LevelEntry], list[bytes] | None]:
+        """READ_LEVELS, after the carried call if there is one, or after the blocked read
+        ``wait``: the entries read, and when none came the newest entry id of each level (None
+        after a read that failed)."""
         quotas = self.scheduler.quotas(max_items)
+        args = [self._keys.group, self._consumer, max_items, int(self.levels.fair), *quotas]
+        carried = self.take()
+        # Fresh unless fair (a withdrawal of an item moved to its stream is marked before any
+        # worker reads it) or the carried call had to run again after the read.
+        fresh = not self.levels.fair
+        read = ["EVALSHA", self._read.sha, len(self._level_keys), *self._level_keys, *args]
         try:
-            reply = self._read(keys=self._level_keys,
-                               args=[self._keys.group, self._consumer, max_items, int(self.levels.fair), *quotas])
+            if carried is not None:
+                reply, sent_fresh = self.send_with(carried, read)
+                fresh = fresh and sent_fresh
+            elif wait is not None:
+                waited, reply = self.exchange([wait, read])
+                if isinstance(waited, Exception):
+                    raise waited
+            else:
+                reply = self._read(keys=self._level_keys, args=args)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = self._read(keys=self._level_keys, args=args)  # loaded and run
+            elif isinstance(reply, Exception):
+                raise reply
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             ensure_groups(self._client, self._keys, self.levels.count)
             return [], None
+        self.fresh = fresh
         entries: list[LevelEntry] = []
         for level, row in enumerate(reply):
             entries += [(level, (entry_id, field_dict(flat))) for entry_id, flat in row[4:]]

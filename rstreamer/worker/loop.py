@@ -43,12 +43,13 @@ from ..wire.messages import (
 from ..wire.published import live_workers, publish_levels, publish_pace, publish_quotas, read_workers
 from ..wire.scripts import scripts
 from .beater import Beater
+from .carry import Carried
 from .generative_lane import GenerativeLane, LaneIO, Pushes, model_of
 from .levelsource import LevelSource, SingleLevel
 from .liveness import Heartbeat
 from .reclaim import Reclaimer, plan_reclaim
 from .records import Answer, DeadLetter, Entry, Parsed, WorkerStats
-from .sources import Carried, ParsedSource, StreamSource, cancelled_items
+from .sources import ParsedSource, StreamSource, cancelled_items
 
 logger = logging.getLogger(__name__)
 
@@ -177,13 +178,14 @@ class RedisWorker:
         self.levels = self.settings.levels()
         self.quotas = self.settings.quotas()
         plain = self.levels.count == 1 and not self.levels.fair
-        self._stream = StreamSource(self._redis, self.keys, self.name, self.context.reads) if plain else None
-        self._source: SingleLevel | LevelSource = (
-            SingleLevel(self._stream) if self._stream is not None
+        # The source that reads new entries, and carries a batch's FINISH to its next read.
+        self._reader: StreamSource | LevelSource = (
+            StreamSource(self._redis, self.keys, self.name, self.context.reads) if plain
             else LevelSource(self._redis, self.keys, self.name, self.levels, self.context.reads))
-        # Whether a batch's FINISH goes out with the next read (StreamSource.carry): only in the
-        # loop of run_forever, where a read always follows a batch, on one level, one server, and
-        # not for a generative model (its lane pushes chunks that must go out at once).
+        self._source = SingleLevel(self._reader) if isinstance(self._reader, StreamSource) else self._reader
+        # Whether a batch's FINISH goes out with the next read (Carrier.carry): only in the loop
+        # of run_forever, where a read always follows a batch, on one server, and not for a
+        # generative model (its lane pushes chunks that must go out at once).
         self._carrying = False
         self._parsed = ParsedSource(self._source, self._parse)
         self._reclaimers = [Reclaimer(self._redis, self.keys, self.name, self.settings.dead_after,
@@ -266,7 +268,7 @@ class RedisWorker:
         self._webhooks.start()
         logger.info("worker %s: serving prefix %r on %s: %s", self.name, self.keys.prefix, redacted(self.url),
                     serving_summary(self.settings, self.levels, self.quotas, generative=self._lane is not None))
-        self._carrying = self._stream is not None and self._stream.can_carry and self._lane is None
+        self._carrying = self._reader.can_carry and self._lane is None
         try:
             while not self._stopping.is_set():
                 self._beater.tick()
@@ -531,8 +533,7 @@ class RedisWorker:
         self._finish(answers, dead, [parsed.ref for parsed in batch], carry=self._carrying)
 
     def _flush_carried(self) -> None:
-        if self._stream is not None:
-            self._stream.flush()
+        self._reader.flush()
 
     def _withdrawn(self, requests: Sequence[Request], delivered: float = 0.0) -> set[int]:
         """The positions of the requests whose callers withdrew them (rstreamer.cancel).
@@ -577,7 +578,7 @@ class RedisWorker:
         ``(level, entry id)`` of every entry answered. ``pushes``: more messages per reply token,
         with the reply's TTL (a generative lane's chunks). Answers to job items are recorded in
         their jobs first (see rstreamer.jobs.sink). ``carry``: the script goes out with the next
-        read (StreamSource.carry), which follows at once."""
+        read (Carrier.carry), which follows at once."""
         answers = self._jobs.record(answers)
         by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
@@ -609,8 +610,8 @@ class RedisWorker:
                   *(len(ids) for ids in by_level.values()), *replies, *letters,
                   *(entry_id for ids in by_level.values() for entry_id in ids)],
         )
-        if carry and self._stream is not None:
-            self._stream.carry(call)
+        if carry:
+            self._reader.carry(call)
         else:
             call.run()
         self.stats.dead_lettered += len(dead)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -16,39 +15,27 @@ from ..broker.connection import RedisClient, is_nogroup
 from ..wire.groups import ensure_group
 from ..wire.keys import Keys, is_reply_token
 from ..wire.scripts import scripts
+from .carry import Carried, Carrier
 from .levelsource import LevelSource, SingleLevel
 from .records import Entry, Parsed, field_dict
 
 
-@dataclass
-class Carried:
-    """A script call a worker sends in the round trip of its next read (see :meth:`StreamSource.carry`)."""
-
-    script: Any  # redis-py's Script
-    keys: list[str]
-    args: list[Any]
-
-    def run(self) -> None:
-        """Run it on its own (EVALSHA, the script loaded again if Redis lost it)."""
-        self.script(keys=self.keys, args=self.args)
-
-
-class StreamSource:
-    """The ItemSource of a worker: XREADGROUP on the prefix's request stream.
+class StreamSource(Carrier):
+    """The ItemSource of a worker: XREADGROUP on the prefix's request stream, with the last
+    batch's FINISH in the same round trip (:class:`~rstreamer.worker.carry.Carrier`).
 
     After a failed reply (see :meth:`rewind`), the entries this consumer read but could not
     ack are served again first, each once, in id order, from a cursor; only then new ones.
     """
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, reads: RedisClient | None = None) -> None:
+        super().__init__(reads or client)  # XREADGROUP '>' (see WorkerContext.reads)
         self._client = client
-        self._reads = reads or client  # XREADGROUP '>' (see WorkerContext.reads)
         self._keys = keys
         self._consumer = consumer
         self._own_pending = scripts(client).read_own_pending
         # The last own pending entry served, "-" for none yet; None: serve new entries.
         self._cursor: str | None = "-"
-        self._carried: Carried | None = None
         self.fresh = False
         """Whether the last fetch's entries were delivered new (XREADGROUP '>'), not served again."""
 
@@ -56,30 +43,7 @@ class StreamSource:
         """Serve this consumer's own unacked entries again, before new ones; a carried call not
         sent yet is dropped (its entries are among them: served again, as after a failed FINISH)."""
         self._cursor = "-"
-        self._carried = None
-
-    @property
-    def can_carry(self) -> bool:
-        """Whether :meth:`carry` may be used: the reads go to one server (a Cluster client has no
-        single connection to write a call and a read on)."""
-        return isinstance(self._reads, redis.Redis)
-
-    def carry(self, call: Carried) -> None:
-        """Send ``call`` (the FINISH of the batch a worker just ran) in the same round trip as the
-        next read: one round trip per batch instead of two, which cost the worker and Redis
-        more CPU than anything else they do per batch (issue 26). The caller's answer is not
-        delayed: the read follows the batch at once. One at a time: a second runs the first now.
-        The worker flushes it before it runs a batch that no read of new entries brought (a
-        model that kills its process must not take the answers of the batch before with it)."""
-        self.flush()
-        self._carried = call
-
-    def flush(self) -> None:
-        """Run the carried call now, if there is one (before any other command of the worker's
-        loop, and before it stops)."""
-        carried, self._carried = self._carried, None
-        if carried is not None:
-            carried.run()
+        self.drop()
 
     def fetch(self, max_items: int, timeout: float) -> list[Entry]:
         """Up to ``max_items`` entries: this consumer's own backlog first, then new ones (blocking ``timeout`` s)."""
@@ -92,7 +56,7 @@ class StreamSource:
             self._cursor = None
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms; no BLOCK: no wait.
         block = max(1, int(timeout * 1000)) if timeout > 0 else None
-        carried, self._carried = self._carried, None
+        carried = self.take()
         fresh = True
         try:
             if carried is None:
@@ -113,35 +77,12 @@ class StreamSource:
 
     def _read_carrying(self, carried: Carried, max_items: int, block: int | None) -> tuple[list[Entry], bool]:
         """The carried call, then XREADGROUP, sent together: the entries read, and whether they are
-        fresh (not when the call had to run again after the read). Raises the call's error (its
-        entries and those just read are then served again, see rewind) or the read's."""
+        fresh (see :meth:`Carrier.send_with`). Raises the call's error or the read's."""
         read: list[Any] = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items]
         if block is not None:
             read += ["BLOCK", block]
         read += ["STREAMS", self._keys.requests, ">"]
-        # Written on one connection and read back in order, not through a redis-py Pipeline, whose
-        # machinery per call (command stack, retry wrapper, callbacks, reset) cost the worker 20 us
-        # a batch; the reads client never retries anyway (WorkerContext.reads). The EVALSHA is
-        # bare: a Script in a pipeline asks SCRIPT EXISTS first, one more round trip.
-        pool = cast("redis.Redis", self._reads).connection_pool  # see can_carry
-        connection: Any = pool.get_connection()  # redis-py leaves most of Connection unannotated
-        try:
-            connection.send_packed_command(connection.pack_commands([
-                ["EVALSHA", carried.script.sha, len(carried.keys), *carried.keys, *carried.args], read]))
-            finished, reply = _response(connection), _response(connection)
-        except BaseException:
-            connection.disconnect()  # half a conversation: the next user must not read the rest
-            raise
-        finally:
-            pool.release(connection)
-        fresh = True
-        if isinstance(finished, redis.exceptions.NoScriptError):
-            # Redis lost its scripts (a restart, SCRIPT FLUSH): loaded and run again. That takes
-            # time after the read delivered its entries: they are not fresh (Parsed.delivered).
-            carried.run()
-            fresh = False
-        elif isinstance(finished, Exception):
-            raise finished
+        reply, fresh = self.send_with(carried, read)
         if isinstance(reply, Exception):
             raise reply
         # XREADGROUP's reply as Redis sends it: {stream: entries} in RESP3, [[stream, entries]] in
@@ -178,15 +119,6 @@ class ParsedSource:
         entries = self._source.fetch(max_items, timeout)
         delivered = time.monotonic() if self._source.fresh else 0.0
         return [self._parse(entry, level, delivered) for level, entry in entries]
-
-
-def _response(connection: Any) -> Any:
-    """The next reply on ``connection``: its value, or the error Redis answered (as an exception
-    object, so that the replies after it are still read)."""
-    try:
-        return connection.read_response()
-    except redis.ResponseError as exc:
-        return exc
 
 
 def cancelled_items(client: RedisClient, keys: Keys, items: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:

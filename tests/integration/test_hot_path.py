@@ -12,6 +12,7 @@ import redis
 
 from rstreamer.broker.embedded import EmbeddedRedis
 from rstreamer.client.sync import RedisStreamer
+from rstreamer.wire.scripts import scripts
 from support.procs import WorkerProcesses
 
 pytestmark = pytest.mark.integration
@@ -90,3 +91,50 @@ def test_a_lone_call_on_an_idle_fair_level_goes_onto_the_stream_without_being_he
     assert per_item.get("zadd", 0) == 0, per_item
     # About 22 in all: fair sharing's reads still ask the held-item queue and reset its clocks.
     assert sum(per_item.values()) <= 26, str(sorted(per_item.items()))
+
+
+@pytest.mark.parametrize("settings", [{}, {"priorities": "4,2,1"}, {"tenant_sharing": "fair"}],
+                         ids=["one level", "levels", "fair"])
+def test_a_worker_sends_each_batch_finish_with_its_next_read(private_url, settings):
+    # One round trip per batch, not two, whichever source reads (XREADGROUP of one stream, or
+    # READ_LEVELS of several levels or a fair level): the FINISH goes out on the connection of
+    # the reads, right before the read. Sent on its own, it would come from the worker's other
+    # connection.
+    workers = WorkerProcesses(private_url)
+    client = redis.Redis.from_url(private_url)
+    finish = scripts(client).finish.sha
+    reads = {scripts(client).read_levels.sha} if settings else set()
+    try:
+        workers.start("carried", settings=settings)
+        with RedisStreamer(private_url, "carried", timeout=20) as streamer:
+            assert streamer.predict([0]) == [0]
+            with client.monitor() as monitor:
+                for n in range(5):
+                    assert streamer.predict([n]) == [2 * n]
+                redis.Redis.from_url(private_url).echo("the end")
+                commands = []
+                while "the end" not in (command := monitor.next_command())["command"]:
+                    commands.append(command)
+    finally:
+        workers.stop_all()
+        client.close()
+    def sender(command: dict) -> str:
+        return f"{command['client_address']}:{command['client_port']}"
+
+    words = [command["command"].split() for command in commands]
+    finished = [n for n, w in enumerate(words) if w[:2] == ["EVALSHA", finish]]
+    assert len(finished) >= 5, words
+    def next_on_its_connection(n: int) -> list[str]:
+        following = [m for m in range(n + 1, len(commands)) if sender(commands[m]) == sender(commands[n])]
+        assert following, f"nothing followed {words[n][:2]} on its connection: {words[n:]}"
+        return words[following[0]]
+
+    for n in finished:
+        read = next_on_its_connection(n)
+        assert read[0] == "XREADGROUP" if not reads else read[:2] == ["EVALSHA", *reads], (words[n], read)
+    # Levels found empty: the wait for the next entry and the read of the levels after it go
+    # together too (Redis runs the read the moment the blocked XREAD returns).
+    waits = [n for n, w in enumerate(words) if w[0] == "XREAD"]
+    assert bool(waits) == bool(reads), words
+    for n in waits[:-1]:  # the last may still be blocked when the monitor stops
+        assert next_on_its_connection(n)[:2] == ["EVALSHA", *reads], words[n:]

@@ -14,9 +14,13 @@ import pytest
 import redis
 
 from rstreamer import Overloaded, RedisStreamer, RedisWorker, WorkerSettings
+from rstreamer.batching.priority import Levels
 from rstreamer.broker.embedded import EmbeddedRedis, free_port
 from rstreamer.ops.deadletters import replay
+from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
+from rstreamer.worker.carry import Carried
+from rstreamer.worker.levelsource import LevelSource
 from rstreamer.worker.reclaim import Reclaimer
 from support.procs import WorkerProcesses, live_pids, wait_for_workers, wait_until
 
@@ -385,12 +389,15 @@ def test_a_worker_that_may_not_publish_its_pace_keeps_serving(redis_client, redi
         redis_client.acl_deluser(user)
 
 
-def test_a_worker_whose_redis_forgot_its_scripts_answers_every_call(redis_url, prefix, workers, tmp_path):
-    # A batch's FINISH goes out with the worker's next read as a bare EVALSHA (StreamSource.carry):
-    # after SCRIPT FLUSH (or a restart) the worker loads the script again and answers at once; it
-    # must not back off and serve the batch again forever.
+@pytest.mark.parametrize("settings", [{}, {"priorities": "4,2,1"}, {"tenant_sharing": "fair"}],
+                         ids=["one level", "levels", "fair"])
+def test_a_worker_whose_redis_forgot_its_scripts_answers_every_call(redis_url, prefix, workers, tmp_path, settings):
+    # A batch's FINISH goes out with the worker's next read as a bare EVALSHA (Carrier.carry),
+    # before XREADGROUP or READ_LEVELS (itself bare then): after SCRIPT FLUSH (or a restart) the
+    # worker loads the scripts again and answers at once; it must not back off and serve the
+    # batch again forever.
     log = tmp_path / "worker.log"
-    workers.start(prefix, log_path=log, log_level="WARNING")
+    workers.start(prefix, log_path=log, log_level="WARNING", settings=settings)
     client = redis.Redis.from_url(redis_url)
     with RedisStreamer(redis_url, prefix, timeout=10) as streamer:
         assert streamer.predict([1]) == [2]
@@ -399,3 +406,24 @@ def test_a_worker_whose_redis_forgot_its_scripts_answers_every_call(redis_url, p
             assert streamer.predict([n]) == [2 * n]
     client.close()
     assert "retrying" not in log.read_text()
+
+
+def test_a_level_read_sent_with_a_carried_call_after_a_script_flush_runs_both(redis_client, prefix):
+    # The carried call and READ_LEVELS both meet NOSCRIPT (a Redis restarted between a batch
+    # and the next read): each is loaded and run, and the entries the read then delivers are
+    # not counted as fresh (time passed between their delivery and the call's rerun).
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 3)
+    source = LevelSource(redis_client, keys, "reader", Levels(weights=(4, 2, 1)))
+    assert source.fetch(10, timeout=0) == []  # its own backlog read: none (a carried call runs before that)
+    redis_client.xadd(keys.requests_at(1), {"p": b"x"})
+    marker = f"{prefix}:carried"
+    source.carry(Carried(redis_client.register_script("return redis.call('SET', KEYS[1], ARGV[1])"),
+                         keys=[marker], args=["ran"]))
+    redis_client.script_flush()
+    entries = source.fetch(10, timeout=0)
+    assert [level for level, _ in entries] == [1]
+    assert redis_client.get(marker) == b"ran"
+    assert source.fresh is False
+    redis_client.xadd(keys.requests_at(0), {"p": b"y"})
+    assert [level for level, _ in source.fetch(10, timeout=0)] == [0] and source.fresh is True
