@@ -22,7 +22,7 @@ import redis
 from ..batching.batcher import Outcome
 from ..broker.connection import blpop_block, retry_pause
 from ..broker.flow import Command, Flow, Pause, command
-from ..errors import BrokerUnavailable, DecodeError
+from ..errors import BrokerUnavailable, DecodeError, RStreamerError
 from ..wire.cancel import cancel_args
 from ..wire.messages import Admission
 from ..wire.replies import decode_reply, undecodable
@@ -232,7 +232,10 @@ def pop_replies(group: ReplyGroup, serving: Callable[[], bool], blpop: Callable[
     try:
         # A late answer re-creates the key with a TTL; deleting now frees what came so far.
         yield command("delete", group.reply_key)
-    except redis.RedisError:
+    except (redis.RedisError, RStreamerError):
+        # Best effort, like the withdrawal: the drivers raise Redis's failures as the callers'
+        # errors (BrokerUnavailable), and a Redis gone while calls waited must not make every
+        # popper end in a logged traceback.
         pass
 
 
@@ -253,7 +256,7 @@ def withdraw(tickets: Sequence[BaseTicket], whole: bool, calls: CallFactory) -> 
         try:
             reply = yield _cancel(args)
         except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
-            logger.warning("could not withdraw %d cancelled items: %s", len(entries), exc)
+            logger.warning("could not withdraw %d items nobody waits for: %s", len(entries), exc)
             continue
         ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
         tombstoned = tombstoned or (group_whole and len(reply) > 1)

@@ -4,6 +4,7 @@ flusher. Real redis-servers; nothing of Redis is mocked."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -345,3 +346,47 @@ async def _timed(call: Any) -> tuple[Any, float]:
     except RStreamerError as exc:
         outcome = exc
     return outcome, time.monotonic() - started
+
+
+# A Redis gone for good while calls wait ------------------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_calls_waiting_when_redis_goes_away_end_without_an_error_in_the_background(private_redis, prefix,
+                                                                                  caplog, client):
+    # The call fails within its timeout; what its popper does after (withdraw the item, drop the
+    # reply key) is best effort, and finds Redis gone too: a line for the withdrawal, never a
+    # traceback of a "failed" background task per call (a Redis outage under load would flood
+    # the log with them).
+    timeout = 1.5
+    probe = redis.Redis.from_url(private_redis.url)
+    calls = Outcomes()
+    if client == "sync":
+        streamer = RedisStreamer(private_redis.url, prefix, timeout=timeout)
+        calls.start("waiting", lambda: streamer.predict([1]))
+    else:
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+        aio = AsyncRedisStreamer(private_redis.url, prefix, timeout=timeout)
+        calls.start("waiting", lambda: asyncio.run_coroutine_threadsafe(aio.predict([1]), loop).result())
+    try:
+        wait_until(lambda: _blpop_clients(probe), what="the call in BLPOP")
+        probe.close()
+        private_redis.stop()
+        outcome, seconds = calls.join(timeout + 10)["waiting"]
+        assert isinstance(outcome, (StreamerTimeout, BrokerUnavailable)), outcome
+        assert seconds < timeout + GRACE
+        # The popper's last steps follow the caller's failure: wait for its withdrawal to be tried.
+        wait_until(lambda: any("could not withdraw" in r.getMessage() for r in caplog.records), 10,
+                   what="the withdrawal tried")
+    finally:
+        if client == "sync":
+            streamer.close()
+        else:
+            asyncio.run_coroutine_threadsafe(aio.aclose(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+    deadline = time.monotonic() + 10
+    for thread in [t for t in threading.enumerate() if t.name.startswith("rstreamer-io")]:
+        thread.join(max(0.0, deadline - time.monotonic()))  # closed: each ends after its task
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
