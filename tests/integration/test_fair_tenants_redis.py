@@ -151,3 +151,19 @@ def test_a_withdrawn_call_gives_back_its_tenants_turns(redis_client, redis_url, 
     assert not any(n >= 5000 for n in order), "no withdrawn item ran"
     # Charged for its 30 withdrawn items, the victim's item would run after 30 of the hog's.
     assert order.index(7) < 4 and order.index(8) < 4, order
+
+
+def test_a_large_call_is_held_and_moved_whole_in_order(redis_client, redis_url, prefix, workers,
+                                                                      tmp_path):
+    # One call of 1,200 items is held in one go, and a worker whose batch asks for 1,200 moves
+    # them at once: each item runs once, in order, answered right.
+    serve_fairly(redis_client, prefix)
+    log = tmp_path / "runs.log"
+    items = list(range(1200))
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        held = streamer.submit(items, tenant="bulk")
+        assert redis_client.zcard(Keys(prefix).level_keys(0)[1]) == 1199  # one went onto the stream at once
+        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)}, batch_size=1200,
+                      settings=FAIR)
+        assert held.result(timeout=60) == [2 * n for n in items]
+    assert executions(log) == items
