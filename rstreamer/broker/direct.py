@@ -6,10 +6,12 @@ metrics recorder and response callbacks, which cost a streamer's I/O thread more
 command and reading its reply (an ENQUEUE of 16 calls: 216 against 178 us of client CPU on a
 2-vCPU VM; issue 26). Only a plain ``redis.Redis`` has one server to write to; any other client
 (a Redis Cluster routes each command by its key) runs the command its usual way. Errors are
-redis-py's own, as from ``execute_command`` on a client that never retries.
+redis-py's own, as from ``execute_command`` on a client that never retries. A worker writes its
+batch's FINISH and its next read together the same way (rstreamer.worker.carry).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -23,20 +25,36 @@ def direct_command(client: RedisClient, *args: Any) -> Any:
     """The reply of one command, written on a connection of ``client``'s pool (a plain client)."""
     if not isinstance(client, redis.Redis):
         return client.execute_command(*args)
+    reply = exchange(client, [args])[0]
+    if isinstance(reply, redis.ResponseError):
+        raise reply
+    return reply
+
+
+def exchange(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """``commands`` written together on one connection of ``client``'s pool, and their replies in
+    order; a reply Redis answered with an error is that error as an exception object, so that the
+    replies after it are still read (and the connection stays fit for the next user). Redis runs
+    a client's commands in order: a command after a blocked read runs the moment the read returns."""
     pool = client.connection_pool
     connection: Any = pool.get_connection()  # redis-py leaves most of Connection unannotated
     try:
-        # Packed in one C call: redis-py's serializer first copies every argument through a
+        # Packed in one C call each: redis-py's serializer first copies every argument through a
         # generator (an ENQUEUE of 16 calls: 1 us per call of its 11 in Python; issue 26).
-        connection.send_packed_command((pack_command(args),))
-        return connection.read_response()
-    except redis.ResponseError:
-        raise  # the error is the whole reply: the connection is fit for the next command
+        connection.send_packed_command((b"".join(pack_command(tuple(args)) for args in commands),))
+        return [_reply(connection) for _ in commands]
     except BaseException:
         connection.disconnect()  # half a conversation: the next user must not read the rest
         raise
     finally:
         pool.release(connection)
+
+
+def _reply(connection: Any) -> Any:
+    try:
+        return connection.read_response()
+    except redis.ResponseError as exc:
+        return exc
 
 
 def run_script(client: RedisClient, script: Script, keys: list[Any], args: list[Any]) -> Any:

@@ -132,8 +132,7 @@ class CallFactory:
         level (whether the workers serve it, the ENQUEUE script says), an invalid tenant name or
         a timeout that is not a number of seconds > 0 and at most MAX_TIMEOUT (one day)."""
         check_priority(priority)
-        if tenant is not None:
-            check_tenant(tenant)
+        check_tenant(tenant)
         # The settings' timeout was checked when they were made.
         timeout = float(self.settings.timeout) if timeout is None else check_timeout(timeout)
         max_queue = self.settings.max_queue

@@ -15,6 +15,7 @@ from typing import Any, cast
 import redis
 
 from ..broker.connection import RedisClient
+from ..broker.direct import exchange
 
 
 @dataclass
@@ -91,30 +92,9 @@ class Carrier:
 
     def exchange(self, commands: list[list[Any]]) -> list[Any]:
         """``commands`` written together on one connection of the reads client (see
-        :attr:`can_carry`) and their replies, in order; a reply Redis answered with an error is
-        that error as an exception object, so that the replies after it are still read. Redis
-        runs a client's commands in order, so a command after a blocked XREAD runs the moment
-        the XREAD returns."""
-        # Written on one connection and read back in order, not through a redis-py Pipeline, whose
-        # machinery per call (command stack, retry wrapper, callbacks, reset) cost the worker 20 us
-        # a batch; the reads client never retries anyway (WorkerContext.reads). An EVALSHA is
-        # bare: a Script in a pipeline asks SCRIPT EXISTS first, one more round trip.
-        pool = cast("redis.Redis", self._reads).connection_pool  # see can_carry
-        connection: Any = pool.get_connection()  # redis-py leaves most of Connection unannotated
-        try:
-            connection.send_packed_command(connection.pack_commands(commands))
-            return [_response(connection) for _ in commands]
-        except BaseException:
-            connection.disconnect()  # half a conversation: the next user must not read the rest
-            raise
-        finally:
-            pool.release(connection)
-
-
-def _response(connection: Any) -> Any:
-    """The next reply on ``connection``: its value, or the error Redis answered (as an exception
-    object, so that the replies after it are still read)."""
-    try:
-        return connection.read_response()
-    except redis.ResponseError as exc:
-        return exc
+        :attr:`can_carry`) and their replies, in order (broker.direct.exchange): not through a
+        redis-py Pipeline, whose machinery per call (command stack, retry wrapper, callbacks,
+        reset) cost the worker 20 us a batch; the reads client never retries anyway
+        (WorkerContext.reads). An EVALSHA is bare: a Script in a pipeline asks SCRIPT EXISTS
+        first, one more round trip."""
+        return exchange(cast("redis.Redis", self._reads), commands)  # see can_carry

@@ -62,8 +62,9 @@ class LevelSource(Carrier):
     Each fetch runs READ_LEVELS (both passes of the scheduler in one round trip, with the last
     batch's FINISH: :class:`~rstreamer.worker.carry.Carrier`); when that finds nothing, a
     blocked XREAD on every level's stream waits for an entry newer than the newest the script
-    saw, then READ_LEVELS runs again. After a failed reply (:meth:`rewind`) this consumer's own
-    unacked entries are served again first, level by level.
+    saw, with READ_LEVELS written after it, which Redis runs once the wait returns. After a
+    failed reply (:meth:`rewind`) this consumer's own unacked entries are served again first,
+    level by level.
     """
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels,
