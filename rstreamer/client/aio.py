@@ -161,10 +161,14 @@ class AsyncFuture(BaseFuture):
     def __init__(self, call: Call) -> None:
         super().__init__(len(call.payloads), call.timeout, call.deadline)
         self.call = call
-        self.ticket: AsyncTicket | None = None  # its place in the coalescer, once enqueued
+        self.ticket: AsyncTicket | None = None  # its place in the coalescer, once enqueued, until settled
         # One loop future per wait in progress: a wait is a future and a timer, where
         # asyncio.wait_for on an Event cost a task, a second future and more (issue 26).
         self._waiters: list[asyncio.Future[None]] = []
+
+    def _let_go(self) -> None:
+        super()._let_go()
+        self.ticket = None
 
     def _on_complete(self) -> None:
         for waiter in self._waiters:

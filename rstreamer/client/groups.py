@@ -14,6 +14,7 @@ import bisect
 import enum
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
@@ -85,7 +86,9 @@ class BaseTicket:
         self.offset = 0  # index of its first item in its group's reply
         self.token = ""  # the token its entries carry: its group's
         self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
-        self.group: ReplyGroup | None = None
+        # Its group while that group's popper holds it: a strong link would close a reference
+        # cycle (group -> tickets -> group) that only the garbage collector frees (issue 26).
+        self.group: weakref.ReferenceType[ReplyGroup] | None = None
 
     def start_sending(self, offset: int) -> None:
         """PENDING -> SENDING: the call joins an ENQUEUE, its first item at ``offset`` of the reply."""
@@ -190,8 +193,9 @@ def admit(taken: Sequence[T], admission: Admission,
     accepted = [t for t, verdict in zip(taken, admission.verdicts, strict=True) if verdict.added]
     group = ReplyGroup(taken[0].future.call.reply_key, accepted) if accepted else None
     ids = iter(admission.ids)
+    link = weakref.ref(group) if group is not None else None
     for ticket in accepted:
-        ticket.token, ticket.group = taken[0].future.call.token, group
+        ticket.token, ticket.group = taken[0].future.call.token, link
         ticket.entries = [(next(ids), ticket.offset + i) for i in range(ticket.size)]
     return group, [(t, None if v.added else calls.refusal(v, t.future.call))
                    for t, v in zip(taken, admission.verdicts, strict=True)]
@@ -250,7 +254,8 @@ def withdraw(tickets: Sequence[BaseTicket], whole: bool, calls: CallFactory) -> 
                    if not ticket.future.answered(index - ticket.offset)]
         if not entries:
             continue
-        group_whole = whole or (ticket.group is not None and ticket.group.abandoned())
+        group = ticket.group() if ticket.group is not None else None
+        group_whole = whole or (group is not None and group.abandoned())
         call = ticket.future.call
         args = cancel_args(calls.keys, ticket.token, call.priority, entries, call.remaining(), group_whole)
         try:

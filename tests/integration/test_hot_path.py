@@ -5,12 +5,18 @@ inner commands besides its EVALSHA) sees only the calls under test.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import gc
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
 from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client.aio import AsyncRedisStreamer
+from rstreamer.client.future import BaseFuture
+from rstreamer.client.groups import BaseTicket, ReplyGroup
 from rstreamer.client.sync import RedisStreamer
 from rstreamer.wire.scripts import scripts
 from support.procs import WorkerProcesses
@@ -141,3 +147,56 @@ def test_a_worker_sends_each_batch_finish_with_its_next_read(private_url, settin
     assert bool(waits) == bool(reads), words
     for n in waits[:-1]:  # the last may still be blocked when the monitor stops
         assert next_on_its_connection(n)[:2] == ["EVALSHA", *reads], words[n:]
+
+
+def _threads_calls(url: str, prefix: str) -> None:
+    with RedisStreamer(url, prefix, timeout=20) as streamer:
+        def caller(slot: int) -> None:
+            for n in range(25):
+                assert streamer.predict([n]) == [2 * n]
+            assert streamer.submit([slot]).result() == [2 * slot]
+
+        threads = [threading.Thread(target=caller, args=(slot,)) for slot in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads)
+
+
+def _asyncio_calls(url: str, prefix: str) -> None:
+    async def calls() -> None:
+        async with AsyncRedisStreamer(url, prefix, timeout=20) as streamer:
+            async def caller(slot: int) -> None:
+                for n in range(25):
+                    assert await streamer.predict([n]) == [2 * n]
+                assert await (await streamer.submit([slot])) == [2 * slot]
+
+            await asyncio.gather(*(caller(slot) for slot in range(8)))
+
+    asyncio.run(calls())
+
+
+@pytest.mark.parametrize("calls", [_threads_calls, _asyncio_calls], ids=["threads", "asyncio"])
+def test_answered_calls_leave_nothing_to_the_garbage_collector(private_url, calls: Callable[[str, str], None]):
+    # A call's future, its ticket and its reply group are freed as soon as nobody holds them:
+    # in a reference cycle they waited for the cyclic garbage collector, whose passes cost
+    # callers 12 of 85 us of CPU per item with 64 threads.
+    workers = WorkerProcesses(private_url)
+    try:
+        workers.start("acyclic", settings=QUIET)
+        calls(private_url, "acyclic")  # connections made, scripts loaded, the worker warm
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable stays in gc.garbage
+        try:
+            calls(private_url, "acyclic")
+            gc.collect()
+            cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (BaseFuture, BaseTicket, ReplyGroup))]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    finally:
+        workers.stop_all()
+    assert cyclic == []
