@@ -18,6 +18,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..broker.direct import async_direct_command, async_run_script
 from ..broker.flow import Command, arun
 from ..errors import BrokerUnavailable
 from ..wire.messages import Admission
@@ -159,7 +160,8 @@ class AsyncCoalescer:
                 # redis-py 8.1); initializing first, under its own lock, avoids that.
                 await self._redis.initialize()
                 args = self._calls.enqueue_calls_args([t.future.call for t in taken])
-                admission = Admission.parse(await self._script(**args))
+                admission = Admission.parse(await async_run_script(self._redis, self._script, args["keys"],
+                                                                   args["args"]))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
             error = exc if isinstance(exc, Exception) else BrokerUnavailable("the streamer was closed")
             for n, ticket in enumerate(taken):
@@ -208,5 +210,5 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 
 
 def _blpop(key: str, seconds: float) -> Command:
-    """The popper's BLPOP."""
-    return Command(lambda client: client.blpop([key], timeout=seconds))
+    """The popper's BLPOP, written straight on a connection (broker/direct.py)."""
+    return Command(lambda client: async_direct_command(client, "BLPOP", key, seconds))

@@ -15,6 +15,7 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
+from rstreamer.client import aio_coalescer
 from rstreamer.codec import unpackb
 from rstreamer_tools.sentences import SENTENCES, TRIPLES, cosine
 from support.polling import async_wait_until
@@ -97,17 +98,22 @@ def test_no_worker_times_out_and_withdraws_its_entries(redis_client, redis_url, 
     assert [unpackb(fields[b"p"]) for _, fields in redis_client.xrange(requests)] in ([], [2])
 
 
-def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, prefix, workers):
+def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, prefix, workers, monkeypatch):
     # The worker answers, but the caller's pops stall (a fault injected in its connection) until
     # its deadline: the answer is in the reply key when the caller gives up, and must go with it.
     workers.start(prefix)
+    direct_command = aio_coalescer.async_direct_command
 
-    async def stalled_blpop(keys, timeout=0):
-        await asyncio.sleep(timeout)
+    async def stalled_blpop(client, *command):
+        """The coalescer's commands, but a BLPOP waits out its timeout and finds nothing."""
+        if command[0] != "BLPOP":
+            return await direct_command(client, *command)
+        await asyncio.sleep(command[-1])
+        return None
 
     async def scenario():
         async with AsyncRedisStreamer(redis_url, prefix) as streamer:
-            streamer.redis.blpop = stalled_blpop
+            monkeypatch.setattr(aio_coalescer, "async_direct_command", stalled_blpop)
             future = await streamer.submit([1], timeout=1.5)
             await async_wait_until(lambda: redis_client.exists(future.call.reply_key),
                                    what="the worker's answer in the reply key")
@@ -116,6 +122,21 @@ def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, 
             # the call's task deletes it once it stops popping, just after the future timed out
             await async_wait_until(lambda: not redis_client.exists(future.call.reply_key), timeout=5,
                                    what="the caller to delete its reply key")
+
+    run(asyncio.wait_for(scenario(), 30))
+
+
+def test_calls_after_redis_forgot_its_scripts_are_enqueued(redis_client, redis_url, prefix, workers):
+    # The ENQUEUE goes out as a bare EVALSHA: after SCRIPT FLUSH (or a restart) the streamer
+    # loads the script again and runs it, once.
+    workers.start(prefix)
+
+    async def scenario():
+        async with AsyncRedisStreamer(redis_url, prefix, timeout=10) as streamer:
+            assert await streamer.predict([1]) == [2]
+            for n in range(3):
+                redis_client.script_flush()
+                assert await asyncio.gather(streamer.predict([n]), streamer.predict([n + 1])) == [[2 * n], [2 * n + 2]]
 
     run(asyncio.wait_for(scenario(), 30))
 
