@@ -14,6 +14,7 @@ CPU per item.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,8 @@ def run_script(client: RedisClient, script: Script, keys: list[Any], args: list[
 async def async_direct_command(client: redis.asyncio.Redis | AsyncRedisCluster, *args: Any) -> Any:
     """The reply of one command, written on a connection of ``client``'s pool (a plain
     ``redis.asyncio.Redis`` of a pool; any other client runs it its usual way). Errors are
-    redis-py's own, as from ``execute_command`` on a client that never retries."""
+    redis-py's own, as from ``execute_command`` on a client that never retries; redis-py's own
+    command metrics and events do not see it (as with :func:`direct_command`)."""
     if not isinstance(client, redis.asyncio.Redis) or client.single_connection_client:
         return await client.execute_command(*args)
     pool: Any = client.connection_pool  # redis-py leaves most of it unannotated
@@ -88,7 +90,9 @@ async def async_direct_command(client: redis.asyncio.Redis | AsyncRedisCluster, 
         raise  # Redis answered (the connection is fit for the next user)
     except BaseException:
         # Half a conversation (a cancelled wait included): the next user must not read the rest.
-        await connection.disconnect(nowait=True)
+        # The error that ended it is the one raised, whatever closing the connection raises.
+        with contextlib.suppress(Exception):
+            await connection.disconnect(nowait=True)
         raise
     finally:
         await pool.release(connection)

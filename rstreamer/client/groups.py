@@ -14,7 +14,6 @@ import bisect
 import enum
 import logging
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
@@ -86,9 +85,10 @@ class BaseTicket:
         self.offset = 0  # index of its first item in its group's reply
         self.token = ""  # the token its entries carry: its group's
         self.entries: list[tuple[bytes, int]] = []  # (entry id, index) of its items, once enqueued
-        # Its group while that group's popper holds it: a strong link would close a reference
-        # cycle (group -> tickets -> group) that only the garbage collector frees (issue 26).
-        self.group: weakref.ReferenceType[ReplyGroup] | None = None
+        # Its group, until the group's popper is done with it (ReplyGroup.release): a link that
+        # stayed would keep a reference cycle (group -> tickets -> group) that only the garbage
+        # collector frees (issue 26).
+        self.group: ReplyGroup | None = None
 
     def start_sending(self, offset: int) -> None:
         """PENDING -> SENDING: the call joins an ENQUEUE, its first item at ``offset`` of the reply."""
@@ -157,6 +157,12 @@ class ReplyGroup:
         """The calls of the group still missing answers."""
         return [ticket for ticket in self.tickets if not ticket.future.done()]
 
+    def release(self) -> None:
+        """Its popper is done: its calls let go of it (they no longer need it: the popper withdrew
+        whatever was left unanswered), so no reference cycle outlives the popper."""
+        for ticket in self.tickets:
+            ticket.group = None
+
     def abandoned(self) -> bool:
         """True when no call of the group waits for an answer any more (all cancelled or
         answered): its replies may be dropped whole."""
@@ -193,9 +199,8 @@ def admit(taken: Sequence[T], admission: Admission,
     accepted = [t for t, verdict in zip(taken, admission.verdicts, strict=True) if verdict.added]
     group = ReplyGroup(taken[0].future.call.reply_key, accepted) if accepted else None
     ids = iter(admission.ids)
-    link = weakref.ref(group) if group is not None else None
     for ticket in accepted:
-        ticket.token, ticket.group = taken[0].future.call.token, link
+        ticket.token, ticket.group = taken[0].future.call.token, group
         ticket.entries = [(next(ids), ticket.offset + i) for i in range(ticket.size)]
     return group, [(t, None if v.added else calls.refusal(v, t.future.call))
                    for t, v in zip(taken, admission.verdicts, strict=True)]
@@ -208,6 +213,14 @@ def pop_replies(group: ReplyGroup, serving: Callable[[], bool], blpop: Callable[
     withdraw what was not answered (nobody waits for it) and drop the reply key, unless it
     became a tombstone. Once ``serving()`` is False (the streamer closed) it stops within one
     BLPOP and withdraws nothing: the calls of a closed streamer stay queued."""
+    try:
+        yield from _pop_replies(group, serving, blpop, calls)
+    finally:
+        group.release()
+
+
+def _pop_replies(group: ReplyGroup, serving: Callable[[], bool], blpop: Callable[[str, float], Command],
+                 calls: CallFactory) -> Flow[None]:
     failures = 0
     while serving() and (until := group.until()) is not None:
         block = blpop_block(until)
@@ -254,8 +267,7 @@ def withdraw(tickets: Sequence[BaseTicket], whole: bool, calls: CallFactory) -> 
                    if not ticket.future.answered(index - ticket.offset)]
         if not entries:
             continue
-        group = ticket.group() if ticket.group is not None else None
-        group_whole = whole or (group is not None and group.abandoned())
+        group_whole = whole or (ticket.group is not None and ticket.group.abandoned())
         call = ticket.future.call
         args = cancel_args(calls.keys, ticket.token, call.priority, entries, call.remaining(), group_whole)
         try:

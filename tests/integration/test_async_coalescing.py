@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from rstreamer import AsyncRedisStreamer, ClientSettings
+from rstreamer.client import groups
 from rstreamer.client.aio_coalescer import AsyncCoalescer
 from rstreamer.errors import Overloaded, StreamerTimeout
 
@@ -145,3 +146,33 @@ def test_calls_that_time_out_before_or_after_their_enqueue_leave_nothing_queued(
     # Each call ends near its own timeout, not the hold's or the client's 20 s default.
     assert max(late) < 1.5
     assert len(sends) > 1, "no call was enqueued after the held one"
+
+
+def test_a_call_cancelled_during_its_enqueue_while_the_streamer_closes_is_withdrawn_whole(redis_url, prefix,
+                                                                                         monkeypatch):
+    # Its ENQUEUE settles while aclose() waits for it, so no popper takes its group; the
+    # withdrawal that the ENQUEUE starts must still know that nobody waits for any call of the
+    # group (a tombstone keeps a late answer out when a worker already holds an item).
+    wholes: list[bool] = []
+    cancel_args = groups.cancel_args
+
+    def recording(*args: object) -> object:
+        wholes.append(bool(args[-1]))
+        return cancel_args(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(groups, "cancel_args", recording)
+
+    async def scenario() -> None:
+        sends = HeldSends(monkeypatch, hold_first=True)
+        streamer = AsyncRedisStreamer(redis_url, prefix, timeout=10)
+        call = asyncio.ensure_future(streamer.submit([1]))
+        await until(lambda: sends, what="the call's ENQUEUE")
+        call.cancel()  # the call's future is cancelled; its items are withdrawn once they are queued
+        closing = asyncio.ensure_future(streamer.aclose())
+        await until(lambda: streamer._coalescer._closed, what="the streamer closing")
+        sends.released.set()
+        await closing
+        assert call.cancelled()
+
+    asyncio.run(scenario())
+    assert wholes == [True]
