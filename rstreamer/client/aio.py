@@ -166,8 +166,9 @@ class AsyncFuture(BaseFuture):
         # asyncio.wait_for on an Event cost a task, a second future and more (issue 26).
         self._waiters: list[asyncio.Future[None]] = []
 
-    def _let_go(self) -> None:
-        super()._let_go()
+    def let_go(self) -> None:
+        """Let go of the cancel callback and of the ticket."""
+        super().let_go()
         self.ticket = None
 
     def _on_complete(self) -> None:

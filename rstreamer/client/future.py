@@ -54,7 +54,7 @@ class BaseFuture:
                 self._outcomes[index] = outcome
                 if len(self._outcomes) == self.size:
                     self.answered_at = time.perf_counter()  # for rstreamer_client_wakeup_seconds
-                    self._let_go()
+                    self.let_go()
                     self._on_complete()
 
     def fail(self, error: BaseException) -> None:
@@ -62,19 +62,19 @@ class BaseFuture:
         with self._lock:
             if not self.settled():
                 self._error = error
-                self._let_go()
+                self.let_go()
                 self._on_complete()
 
     def _on_complete(self) -> None:
         """Called, under the lock, when the last answer arrives or the call fails."""
 
-    def _let_go(self) -> None:
-        """The call is answered or failed, for good: cancel() withdraws nothing now, so the future
-        lets go of its transport (the cancel callback; a subclass's ticket). Those links and the
-        ticket's own link back to the future closed a reference cycle per call, which left every
-        call's objects to the garbage collector: 12 of the 85 us of client CPU per item with 64
-        caller threads (issue 26). A call cancelled or timed out keeps them (its withdrawal may
-        need them) and is left to the collector, as every call was before."""
+    def let_go(self) -> None:
+        """Let go of the transport (the cancel callback; a subclass's ticket): called once the call
+        is answered or failed, when cancel() withdraws nothing any more, and by the transport once
+        it is done with the call (its answers popped, or withdrawn past its deadline). Those links
+        and the ticket's own link back to the future closed a reference cycle per call, which
+        left every call's objects to the garbage collector: 12 of the 85 us of client CPU per
+        item with 64 caller threads (issue 26)."""
         self._cancel_callback = None
 
     def cancel(self) -> bool:
@@ -196,6 +196,7 @@ class RedisFuture(Future):
         self.call = call
         self.ticket: Ticket | None = None  # its place in the coalescer, once enqueued, until settled
 
-    def _let_go(self) -> None:
-        super()._let_go()
+    def let_go(self) -> None:
+        """Let go of the cancel callback and of the ticket."""
+        super().let_go()
         self.ticket = None

@@ -69,6 +69,9 @@ class CallFuture(Protocol):
     def cancelled(self) -> bool:
         """True if the call was cancelled."""
 
+    def let_go(self) -> None:
+        """Drop the links to the transport: its coalescer is done with the call."""
+
 
 class BaseTicket:
     """One call's place in a coalescer; only its coalescer changes it. Each coalescer's subclass
@@ -158,10 +161,12 @@ class ReplyGroup:
         return [ticket for ticket in self.tickets if not ticket.future.done()]
 
     def release(self) -> None:
-        """Its popper is done: its calls let go of it (they no longer need it: the popper withdrew
-        whatever was left unanswered), so no reference cycle outlives the popper."""
+        """Its popper is done: its calls and their futures let go of it and of their tickets (the
+        popper withdrew whatever was left unanswered, so a later cancel() has nothing to
+        withdraw), and no reference cycle outlives the popper, a timed-out call's included."""
         for ticket in self.tickets:
             ticket.group = None
+            ticket.future.let_go()
 
     def abandoned(self) -> bool:
         """True when no call of the group waits for an answer any more (all cancelled or

@@ -8,17 +8,24 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 
+from rstreamer.broker.direct import direct_command
 from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client import coalescer
 from rstreamer.client.aio import AsyncRedisStreamer
 from rstreamer.client.future import BaseFuture
 from rstreamer.client.groups import BaseTicket, ReplyGroup
 from rstreamer.client.sync import RedisStreamer
+from rstreamer.errors import StreamerTimeout
+from rstreamer.wire.keys import Keys
 from rstreamer.wire.scripts import scripts
+from support.polling import wait_until
 from support.procs import WorkerProcesses
 
 pytestmark = pytest.mark.integration
@@ -177,6 +184,14 @@ def _asyncio_calls(url: str, prefix: str) -> None:
     asyncio.run(calls())
 
 
+def _cyclic() -> list[str]:
+    """The calls' objects that a collection finds unreachable (with gc.DEBUG_SAVEALL set)."""
+    gc.collect()
+    found = [type(o).__name__ for o in gc.garbage if isinstance(o, (BaseFuture, BaseTicket, ReplyGroup))]
+    gc.garbage.clear()
+    return found
+
+
 @pytest.mark.parametrize("calls", [_threads_calls, _asyncio_calls], ids=["threads", "asyncio"])
 def test_answered_calls_leave_nothing_to_the_garbage_collector(private_url, calls: Callable[[str, str], None]):
     # A call's future, its ticket and its reply group are freed as soon as nobody holds them:
@@ -191,12 +206,54 @@ def test_answered_calls_leave_nothing_to_the_garbage_collector(private_url, call
         gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable stays in gc.garbage
         try:
             calls(private_url, "acyclic")
-            gc.collect()
-            cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (BaseFuture, BaseTicket, ReplyGroup))]
+            cyclic = _cyclic()
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
     finally:
         workers.stop_all()
+    assert cyclic == []
+
+
+def _stalled_blpop(client: Any, *command: Any) -> Any:
+    """The coalescer's commands, but a BLPOP waits out its timeout and finds nothing."""
+    if command[0] != "BLPOP":
+        return direct_command(client, *command)
+    time.sleep(command[-1])
+    return None
+
+
+def test_timed_out_calls_leave_nothing_to_the_garbage_collector(private_url, monkeypatch):
+    # Answered but never popped (a fault in the client's pops): the calls time out, their popper
+    # withdraws them and drops the reply key, and then lets go of them.
+    workers = WorkerProcesses(private_url)
+    probe = redis.Redis.from_url(private_url)
+    try:
+        workers.start("late", settings=QUIET)
+        with RedisStreamer(private_url, "late", timeout=20) as streamer:
+            assert streamer.predict([1]) == [2]  # connections made, scripts loaded
+            gc.collect()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                monkeypatch.setattr(coalescer, "direct_command", _stalled_blpop)
+                futures = [streamer.submit([n], timeout=0.5) for n in range(8)]
+                for future in futures:
+                    with pytest.raises(StreamerTimeout):
+                        future.result()
+                del futures, future
+                replies = Keys("late").reply("x:1").rsplit(":", 2)[0] + ":*"
+                wait_until(lambda: not list(probe.scan_iter(match=replies)), what="the poppers done")
+                # The popper lets go of its calls just after it drops their reply key.
+                deadline = time.monotonic() + 5
+                while (cyclic := _cyclic()) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+    finally:
+        workers.stop_all()
+        probe.close()
     assert cyclic == []
