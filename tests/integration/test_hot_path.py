@@ -6,6 +6,7 @@ inner commands besides its EVALSHA) sees only the calls under test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 import time
@@ -184,6 +185,20 @@ def _asyncio_calls(url: str, prefix: str) -> None:
     asyncio.run(calls())
 
 
+@contextlib.contextmanager
+def _collector_saving_garbage() -> Iterator[None]:
+    """The garbage collector off but for explicit collections, whose finds stay in gc.garbage."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
 def _cyclic() -> list[str]:
     """The calls' objects that a collection finds unreachable (with gc.DEBUG_SAVEALL set)."""
     gc.collect()
@@ -201,16 +216,9 @@ def test_answered_calls_leave_nothing_to_the_garbage_collector(private_url, call
     try:
         workers.start("acyclic", settings=QUIET)
         calls(private_url, "acyclic")  # connections made, scripts loaded, the worker warm
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable stays in gc.garbage
-        try:
+        with _collector_saving_garbage():
             calls(private_url, "acyclic")
             cyclic = _cyclic()
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
     finally:
         workers.stop_all()
     assert cyclic == []
@@ -233,10 +241,7 @@ def test_timed_out_calls_leave_nothing_to_the_garbage_collector(private_url, mon
         workers.start("late", settings=QUIET)
         with RedisStreamer(private_url, "late", timeout=20) as streamer:
             assert streamer.predict([1]) == [2]  # connections made, scripts loaded
-            gc.collect()
-            gc.disable()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            try:
+            with _collector_saving_garbage():
                 monkeypatch.setattr(coalescer, "direct_command", _stalled_blpop)
                 futures = [streamer.submit([n], timeout=0.5) for n in range(8)]
                 for future in futures:
@@ -249,10 +254,6 @@ def test_timed_out_calls_leave_nothing_to_the_garbage_collector(private_url, mon
                 deadline = time.monotonic() + 5
                 while (cyclic := _cyclic()) and time.monotonic() < deadline:
                     time.sleep(0.05)
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
-                gc.enable()
     finally:
         workers.stop_all()
         probe.close()
