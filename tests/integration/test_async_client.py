@@ -19,6 +19,7 @@ from rstreamer.client import aio_coalescer
 from rstreamer.codec import unpackb
 from rstreamer_tools.sentences import SENTENCES, TRIPLES, cosine
 from support.polling import async_wait_until
+from support.stalls import async_stalled_blpop
 
 
 def run(coroutine):
@@ -102,18 +103,10 @@ def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, 
     # The worker answers, but the caller's pops stall (a fault injected in its connection) until
     # its deadline: the answer is in the reply key when the caller gives up, and must go with it.
     workers.start(prefix)
-    direct_command = aio_coalescer.async_direct_command
-
-    async def stalled_blpop(client, *command):
-        """The coalescer's commands, but a BLPOP waits out its timeout and finds nothing."""
-        if command[0] != "BLPOP":
-            return await direct_command(client, *command)
-        await asyncio.sleep(command[-1])
-        return None
 
     async def scenario():
         async with AsyncRedisStreamer(redis_url, prefix) as streamer:
-            monkeypatch.setattr(aio_coalescer, "async_direct_command", stalled_blpop)
+            monkeypatch.setattr(aio_coalescer, "async_direct_command", async_stalled_blpop)
             future = await streamer.submit([1], timeout=1.5)
             await async_wait_until(lambda: redis_client.exists(future.call.reply_key),
                                    what="the worker's answer in the reply key")

@@ -19,11 +19,11 @@ from rstreamer import (
     RemoteError,
     StreamerTimeout,
 )
-from rstreamer.broker.direct import direct_command
 from rstreamer.client import coalescer
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import fleet_totals, read_workers
 from support.procs import live_pids, wait_for_workers, wait_until
+from support.stalls import reply_keys, stalled_blpop
 
 
 def run_load(streamer: RedisStreamer, calls: int, threads: int = 32, on_progress=None) -> Counter:
@@ -213,27 +213,15 @@ def test_a_caller_that_times_out_deletes_its_reply_key(redis_client, redis_url, 
         # A worker just started may take its first item late on a busy machine: served once
         # first, it answers this one well within the deadline.
         assert streamer.predict([2]) == [4]
-        monkeypatch.setattr(coalescer, "direct_command", _stalled_blpop)
+        monkeypatch.setattr(coalescer, "direct_command", stalled_blpop)
         future = streamer.submit([1], timeout=1.5)
-        reply = wait_until(lambda: list(redis_client.scan_iter(match=_replies(prefix))),
+        reply = wait_until(lambda: list(redis_client.scan_iter(match=reply_keys(prefix))),
                            what="the worker's answer in the reply key")[0]
         with pytest.raises(StreamerTimeout) as info:
             future.result()
         assert isinstance(info.value, TimeoutError)
         # its popper deletes the key once it stops popping, just after the future timed out
         wait_until(lambda: not redis_client.exists(reply), timeout=5, what="the caller to delete its reply key")
-
-
-def _replies(prefix: str) -> str:
-    return Keys(prefix).reply("x:1").rsplit(":", 2)[0] + ":*"
-
-
-def _stalled_blpop(client, *command):
-    """The coalescer's commands, but a BLPOP waits out its timeout and finds nothing."""
-    if command[0] != "BLPOP":
-        return direct_command(client, *command)
-    time.sleep(command[-1])
-    return None
 
 
 def _redis_ms(client: redis.Redis) -> int:

@@ -11,12 +11,10 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import redis
 
-from rstreamer.broker.direct import direct_command
 from rstreamer.broker.embedded import EmbeddedRedis
 from rstreamer.client import coalescer
 from rstreamer.client.aio import AsyncRedisStreamer
@@ -24,10 +22,10 @@ from rstreamer.client.future import BaseFuture
 from rstreamer.client.groups import BaseTicket, ReplyGroup
 from rstreamer.client.sync import RedisStreamer
 from rstreamer.errors import StreamerTimeout
-from rstreamer.wire.keys import Keys
 from rstreamer.wire.scripts import scripts
 from support.polling import wait_until
 from support.procs import WorkerProcesses
+from support.stalls import reply_keys, stalled_blpop
 
 pytestmark = pytest.mark.integration
 
@@ -224,14 +222,6 @@ def test_answered_calls_leave_nothing_to_the_garbage_collector(private_url, call
     assert cyclic == []
 
 
-def _stalled_blpop(client: Any, *command: Any) -> Any:
-    """The coalescer's commands, but a BLPOP waits out its timeout and finds nothing."""
-    if command[0] != "BLPOP":
-        return direct_command(client, *command)
-    time.sleep(command[-1])
-    return None
-
-
 def test_timed_out_calls_leave_nothing_to_the_garbage_collector(private_url, monkeypatch):
     # Answered but never popped (a fault in the client's pops): the calls time out, their popper
     # withdraws them and drops the reply key, and then lets go of them.
@@ -242,14 +232,13 @@ def test_timed_out_calls_leave_nothing_to_the_garbage_collector(private_url, mon
         with RedisStreamer(private_url, "late", timeout=20) as streamer:
             assert streamer.predict([1]) == [2]  # connections made, scripts loaded
             with _collector_saving_garbage():
-                monkeypatch.setattr(coalescer, "direct_command", _stalled_blpop)
+                monkeypatch.setattr(coalescer, "direct_command", stalled_blpop)
                 futures = [streamer.submit([n], timeout=0.5) for n in range(8)]
                 for future in futures:
                     with pytest.raises(StreamerTimeout):
                         future.result()
                 del futures, future
-                replies = Keys("late").reply("x:1").rsplit(":", 2)[0] + ":*"
-                wait_until(lambda: not list(probe.scan_iter(match=replies)), what="the poppers done")
+                wait_until(lambda: not list(probe.scan_iter(match=reply_keys("late"))), what="the poppers done")
                 # The popper lets go of its calls just after it drops their reply key.
                 deadline = time.monotonic() + 5
                 while (cyclic := _cyclic()) and time.monotonic() < deadline:
