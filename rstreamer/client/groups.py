@@ -109,8 +109,10 @@ class BaseTicket:
         self._decided()
 
     def drop(self) -> None:
-        """-> DROPPED: the call's deadline passed (or it was settled) before it was sent."""
+        """-> DROPPED: the call's deadline passed (or it was settled) before it was sent; nothing
+        of it is queued, so its future lets go of the ticket (see ReplyGroup.release)."""
         self.state = CallState.DROPPED
+        self.future.let_go()
         self._decided()
 
     def _decided(self) -> None:
