@@ -312,7 +312,7 @@ def predict_isolated(
     and an item that runs out of memory alone fails with a message that says so.
     """
     run = _Isolated(predict, inputs, list(costs) if costs is not None else [1] * len(inputs), oom)
-    run.run(list(range(len(inputs))))
+    run.run_all()
     return [run.outcomes[position] for position in range(len(inputs))]
 
 
@@ -335,6 +335,14 @@ class _Isolated:
         self.oom = oom
         self.screen = screen
         self.outcomes: dict[int, Outcome[Any]] = {}
+        self.ran_out: list[tuple[list[int], int]] = []  # positions and cost of each call out of memory
+        self.alone: set[int] = set()  # the positions that ran out of memory alone
+
+    def run_all(self) -> None:
+        """Answer every input, then teach ``oom`` what the out-of-memory errors of the run showed."""
+        self.run(list(range(len(self.inputs))))
+        if self.oom is not None and self.ran_out:
+            self.oom.learn(self.ran_out, self.alone)
 
     def run(self, positions: list[int]) -> None:
         """Answer ``positions``: screened, predicted, or split in halves when the model raises."""
@@ -350,7 +358,7 @@ class _Isolated:
             # A lazy output (a generator) raises while it is listed: that is the model raising too.
             output_list = _as_list(self.predict([self.inputs[position] for position in positions]))
         except Exception as exc:
-            failure = _failure_of(exc, costs, self.oom)
+            failure = self._failure_of(exc, positions, costs)
             if len(positions) == 1:
                 _log_item_failure(exc, failure)
                 self.outcomes[positions[0]] = Outcome(False, failure=failure)
@@ -362,6 +370,16 @@ class _Isolated:
             self.run(positions[middle:])
             return
         self._answer(positions, costs, output_list)
+
+    def _failure_of(self, exc: Exception, positions: list[int], costs: list[int]) -> Failure:
+        """The failure an exception means; an out-of-memory error is recorded for run_all to learn from."""
+        if self.oom is None or not self.oom.matches(exc):
+            return Failure.from_exception(exc)
+        cost = self.oom.on_oom(costs)
+        self.ran_out.append((positions, cost))
+        if len(positions) == 1:
+            self.alone.add(positions[0])
+        return Failure(type(exc).__name__, f"out of memory on this item alone (cost {cost}): {exc}")
 
     def _answer(self, positions: list[int], costs: list[int], output_list: list[Any] | None) -> None:
         if output_list is None or len(output_list) != len(positions):
@@ -384,13 +402,6 @@ def _log_item_failure(exc: Exception, failure: Failure) -> None:
         logger.error("model raised %s on an item", type(exc).__name__, exc_info=True)
 
 
-def _failure_of(exc: Exception, costs: list[int], oom: OomGuard | None) -> Failure:
-    """The failure an exception means; an out-of-memory error also teaches ``oom`` its cap."""
-    if oom is None or not oom.matches(exc):
-        return Failure.from_exception(exc)
-    cost = oom.on_oom(costs)
-    logger.warning("out of memory on a batch of %d items (cost %d); cost cap now %s", len(costs), cost, oom.cap.value)
-    return Failure(type(exc).__name__, f"out of memory on this item alone (cost {cost}): {exc}")
 
 
 class BatchItem(Protocol):
@@ -469,7 +480,7 @@ def answer_batch(
     run = _Isolated(predict, [item.payload for item in items],
                     list(costs) if costs is not None else [1] * len(items), oom, screen)
     started = time.perf_counter()
-    run.run(list(range(len(items))))
+    run.run_all()
     seconds = time.perf_counter() - started
     outcomes = [run.outcomes[position] for position in range(len(items))]
     _count(stats, outcomes, seconds, observe, hint, oom)

@@ -24,6 +24,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -185,15 +186,26 @@ class OomGuard:
         return bool(self.errors) and isinstance(exc, self.errors)
 
     def on_oom(self, costs: Sequence[int]) -> int:
-        """A batch of items of ``costs`` ran out of memory: lower the cap, free the allocator's
-        cache so the halves can run, and return the batch's cost."""
-        cost = batch_cost(costs, self.cost_model)
-        self.cap.on_oom(cost)
+        """A batch of items of ``costs`` ran out of memory: free the allocator's cache so the halves
+        can run, and return the batch's cost. The cap learns later, from :meth:`learn`, once the
+        split has shown which out-of-memory errors the batch's size explains."""
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and cuda.is_available():
             cuda.empty_cache()
-        return cost
+        return batch_cost(costs, self.cost_model)
+
+    def learn(self, ran_out: Sequence[tuple[Sequence[int], int]], alone: AbstractSet[int]) -> None:
+        """Lower the cap for the calls that ran out of memory (their positions and cost), except
+        those that held an item which then ran out of memory ``alone``: that item explains them.
+        An oversized item (a hostile or mistaken input, one that no batch size would fit) then
+        fails on its own and leaves the batches of the others as they were: were the cap lowered
+        for each half that held it, one such item would bring the cap down to a single item."""
+        for positions, cost in ran_out:
+            if alone.isdisjoint(positions):
+                self.cap.on_oom(cost)
+                logger.warning("out of memory on a batch of %d items (cost %d); cost cap now %s", len(positions),
+                               cost, self.cap.value)
 
     def on_success(self, costs: Sequence[int]) -> None:
         """A batch of items of ``costs`` ran."""

@@ -218,6 +218,43 @@ def test_an_item_that_runs_out_of_memory_alone_fails_clearly_once():
     assert calls.count(500) == 1  # not retried
 
 
+def test_an_oversized_item_fails_alone_and_leaves_the_cap_of_the_others():
+    """One item that no batch fits (a hostile input) among items of cost 1: every half that held it
+    ran out of memory, down to the item alone. Those errors are the item's, not the batch size's:
+    lowering the cap for each would leave the worker running one item per batch."""
+    calls: list[int] = []
+    guard = OomGuard(errors=(OutOfMemory,))
+
+    def predict(batch: list[int]) -> list[int]:
+        calls.append(len(batch))
+        if sum(batch) > 100:
+            raise OutOfMemory(f"tried to allocate {sum(batch)}")
+        return batch
+
+    items = [1] * 31 + [1000]
+    outcomes = predict_isolated(predict, items, [1] * 32, guard)
+    assert all(outcome.ok for outcome in outcomes[:31])
+    failure = outcomes[31].failure
+    assert failure is not None and "out of memory on this item alone" in failure.message
+    assert guard.cap.value is None
+    assert guard.cap.limit(32) == 32
+
+
+def test_a_batch_too_big_for_memory_teaches_the_cap_beside_an_oversized_item():
+    """The half without the oversized item ran out of memory by its size alone: that one is learned."""
+    guard = OomGuard(errors=(OutOfMemory,))
+
+    def predict(batch: list[int]) -> list[int]:
+        if sum(batch) > 10:
+            raise OutOfMemory(f"tried to allocate {sum(batch)}")
+        return batch
+
+    items = [1] * 16 + [1000] + [1] * 15
+    outcomes = predict_isolated(predict, items, [1] * 32, guard)
+    assert sum(not outcome.ok for outcome in outcomes) == 1 and not outcomes[16].ok
+    assert guard.cap.value is not None and guard.cap.value <= 8  # the half of 16 items of cost 1 ran out
+
+
 def test_other_errors_do_not_touch_the_cap():
     guard = OomGuard(errors=(OutOfMemory,))
 
