@@ -368,8 +368,7 @@ class ShelfWorker:
         self.context.clock.observe(state.now_ms, sent, time.monotonic())
         queues = read_queues(self._redis, self.shelf.models, self.levels)
         self._fleet = _Fleet(state, self._evidence(state, queues))
-        for held in self.held.values():
-            held.observe_demand(time.monotonic())
+        self._observe_demand()
         if time.monotonic() >= self._next_publish:
             self._publish()
         self._refuse_failed(state)
@@ -383,6 +382,15 @@ class ShelfWorker:
         decision = self.policy.decide(self._view(), self._fleet.evidence)
         if decision.load is not None:
             self._act(decision.load, decision.evict, decision.holders, decision.reason)
+
+    def _observe_demand(self) -> None:
+        # A method of its own, not a loop in _place: a loop variable left in _place's frame would
+        # keep the last model it named alive through an eviction that _place goes on to make, and
+        # with it the model's GPU memory (its endpoint's reference cycles then wait for the next
+        # full collection).
+        now = time.monotonic()
+        for held in self.held.values():
+            held.observe_demand(now)
 
     def _stopping_load(self, load: Loading) -> None:
         """A load that ended while the worker stops: its model is not served; its lease goes back."""

@@ -110,6 +110,20 @@ def test_a_cold_model_is_loaded_on_its_first_call_and_answers_it(shelf):
     assert len(shelf.events("loaded", "a")) == 1
 
 
+def test_an_evicted_model_is_gone_when_its_successor_answers(shelf):
+    """An evicted model lets go of its memory at once (on a GPU, its tensors): a worker of one slot
+    that swapped models holds one model object, not two until the garbage collector runs."""
+    spec = shelf.spec(a={}, b={})
+    for model in spec["models"].values():
+        model["model"] = "support.models:CountedTagged"
+    shelf.start(spec)
+    for x in "aba":
+        tag, alive, doubled = predict(shelf.url, shelf.model(x), [4])[0]
+        assert (tag, doubled) == (x, 8)
+        assert alive == 1, f"{alive} models of one slot alive when {x!r} answered"
+    assert len(shelf.events("evicted")) == 2
+
+
 @pytest.mark.timeout(180)
 def test_a_model_is_never_served_by_a_worker_that_does_not_hold_it(shelf):
     shelf.start(shelf.spec(a={}, b={}, c={}), count=2)  # 2 workers x 1 slot, 3 models: they swap

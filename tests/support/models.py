@@ -5,8 +5,9 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from rstreamer import GenerativeModel, InvalidInput, ManagedModel, Step
 
@@ -293,6 +294,21 @@ class Tagged(ManagedModel):
             with open(self.log, "a") as log:
                 log.write("".join(f"{self.tag} {os.getpid()} {item!r}\n" for item in batch))
         return [[self.tag, os.getpid(), item * 2] for item in batch]
+
+
+class CountedTagged(Tagged):
+    """Tagged, answering ``[tag, models of this class alive in the process, 2 * item]``, counted
+    without a collection: an evicted model must be gone by then, not left to the garbage collector."""
+
+    alive: ClassVar[weakref.WeakSet[CountedTagged]] = weakref.WeakSet()
+
+    def init_model(self, tag: str, load_delay: float = 0.0, log: str | None = None, fail: bool = False,
+                   delay: float = 0.0) -> None:
+        super().init_model(tag, load_delay, log, fail, delay)
+        CountedTagged.alive.add(self)
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return [[self.tag, len(CountedTagged.alive), item * 2] for item in batch]
 
 
 class CostedTagged(Tagged):
