@@ -152,6 +152,17 @@ class _Room:
         self.used -= size or 0
 
 
+def assumed_size(model: ModelEvidence, view: WorkerView, evidence: Mapping[str, ModelEvidence]) -> int | None:
+    """The bytes ``model`` is taken to need under a memory budget: its measured (or hinted) size,
+    else the largest size known on the shelf. A model never loaded is taken to be as large as the
+    largest one measured, so that room is made before its first load: the load itself does not
+    overshoot the budget (on a GPU near full, an overshoot runs out of memory in ``init_model``)."""
+    if model.size is not None or not view.memory_budget:
+        return model.size
+    known = [m.size for m in evidence.values() if m.size] + [r.size for r in view.resident if r.size]
+    return max(known, default=None)
+
+
 def _room(view: WorkerView, need: int | None) -> _Room:
     used = sum(r.size or 0 for r in view.resident)
     return _Room(len(view.resident) + 1 - view.slots, used, need or 0, view.memory_budget)
@@ -200,7 +211,7 @@ class QueuePolicy:
             if model.failed or model.waiting <= 0 or model.name in view.held or model.loading:
                 continue  # never called (never loaded), ours already, or someone is on it
             if not model.holders:
-                if not self._deferred(view, model):
+                if not self._deferred(view, model, evidence):
                     cold.append(model)
             elif self._hot(model):
                 hot.append(model)
@@ -208,9 +219,9 @@ class QueuePolicy:
         hot.sort(key=lambda m: (-self.expected_wait(m), m.name))
         return [(m, "cold") for m in cold] + [(m, "hot") for m in hot]
 
-    def _deferred(self, view: WorkerView, model: ModelEvidence) -> bool:
+    def _deferred(self, view: WorkerView, model: ModelEvidence, evidence: Mapping[str, ModelEvidence]) -> bool:
         """A worker that would have to evict leaves a fresh cold model to a peer with a free slot."""
-        full = not _room(view, model.size).fits()
+        full = not _room(view, assumed_size(model, view, evidence)).fits()
         return full and view.peers_with_room > 0 and model.oldest_age < self.settings.shelf_defer
 
     def _hot(self, model: ModelEvidence) -> bool:
@@ -222,7 +233,7 @@ class QueuePolicy:
                  evidence: Mapping[str, ModelEvidence]) -> tuple[str, ...] | None:
         """The models to evict so that ``model`` fits (a slot, and the memory budget), cheapest
         loss first; None when the evictable ones are not enough."""
-        room = _room(view, model.size)
+        room = _room(view, assumed_size(model, view, evidence))
         victims: list[str] = []
         for resident in self.victims(model, kind, view, evidence):
             if room.fits():
@@ -281,7 +292,7 @@ class LruPolicy:
         if not arrived:
             return Decision()
         model = max(arrived, key=lambda m: (m.oldest_age, m.name))
-        room = _room(view, model.size)
+        room = _room(view, assumed_size(model, view, evidence))
         victims: list[str] = []
         for resident in sorted(view.resident, key=lambda r: (-r.idle_for, r.name)):
             if room.fits():

@@ -146,6 +146,20 @@ def test_the_memory_budget_counts_measured_sizes():
     assert QUEUE.decide(view(*resident, slots=4, budget=1000), models).evict == ("y", "x")
 
 
+def test_a_model_never_measured_is_taken_as_large_as_the_largest_known_and_room_is_made_first():
+    """Measured on an H100: with a 5 GiB budget holding two models of 2 GiB, a third never loaded
+    was loaded first and its peer evicted after (6 GiB resident for a while). Room is made first."""
+    models = evidence(ModelEvidence("c", waiting=1, oldest_age=1.0), ModelEvidence("a", size=2000),
+                      ModelEvidence("b", size=2000))
+    resident = (settled("a", idle_for=10, size=2000), settled("b", idle_for=20, size=2000))
+    for policy in (QUEUE, LruPolicy(SETTINGS)):
+        decision = policy.decide(view(*resident, slots=8, budget=5000), models)
+        assert (decision.load, decision.evict) == ("c", ("b",))
+    # Nothing measured yet, or no budget: nothing is assumed.
+    assert QUEUE.decide(view(settled("a"), slots=8, budget=5000), evidence(ModelEvidence("c", waiting=1))).evict == ()
+    assert QUEUE.decide(view(*resident, slots=8), models).evict == ()
+
+
 def test_shed_to_budget_evicts_least_recently_served_but_never_the_newest():
     resident = (Resident("a", 100, 50, 400), Resident("b", 100, 90, 400), Resident("new", 1, 1, 400))
     assert shed_to_budget(view(*resident, slots=3, budget=900)) == ("b",)
