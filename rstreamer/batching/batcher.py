@@ -402,8 +402,6 @@ def _log_item_failure(exc: Exception, failure: Failure) -> None:
         logger.error("model raised %s on an item", type(exc).__name__, exc_info=True)
 
 
-
-
 class BatchItem(Protocol):
     """What answer_batch needs of an item: its input and its absolute deadline (epoch s)."""
 
