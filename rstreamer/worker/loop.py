@@ -308,7 +308,7 @@ class RedisWorker:
         a Redis error, are served again by whoever serves the prefix next)."""
         self._carrying = False
         try:
-            self._flush_carried()
+            self._settle_carried()
         except redis.RedisError as exc:  # its entries stay pending: whoever serves the prefix next runs them
             logger.warning("worker %s: could not answer the last batch before stopping: %s", self.name, exc)
         self._drain_held()
@@ -383,7 +383,7 @@ class RedisWorker:
         wait = self.settings.idle_block if first_wait is None else first_wait
         try:
             if time.monotonic() >= self._next_reclaim:
-                self._flush_carried()  # the last batch's FINISH before anything else is asked
+                self._settle_carried()  # the last batch's FINISH before anything else is asked
                 self._next_reclaim = time.monotonic() + self.settings.reclaim_interval
                 self._reclaim()
                 self._count_peers()
@@ -530,9 +530,17 @@ class RedisWorker:
         answers += [Answer(r.token, r.index, outcome, r.version, r.deadline) for r, outcome in ran
                     if outcome is not WITHDRAWN]
         self.stats.cancelled += sum(outcome is WITHDRAWN for _, outcome in ran)
-        self._finish(answers, dead, [parsed.ref for parsed in batch], carry=self._carrying)
+        # A full batch: more entries most likely wait, and its FINISH may run while they do.
+        ahead = self._hint.closed in ("full", "cost_budget")
+        self._finish(answers, dead, [parsed.ref for parsed in batch], carry=self._carrying, ahead=ahead)
 
     def _flush_carried(self) -> None:
+        """The carried FINISH written now (one sent ahead is written already)."""
+        self._reader.flush()
+
+    def _settle_carried(self) -> None:
+        """The last batch's FINISH run: the one sent ahead answered, the carried one run."""
+        self._reader.settle()
         self._reader.flush()
 
     def _withdrawn(self, requests: Sequence[Request], delivered: float = 0.0) -> set[int]:
@@ -572,13 +580,14 @@ class RedisWorker:
         return [Answer(*address, _dead(type(exc).__name__, reason), reply_version(parsed.fields))]
 
     def _finish(self, answers: list[Answer], dead: list[DeadLetter], acks: list[tuple[int, bytes]],
-                pushes: Pushes | None = None, carry: bool = False) -> None:
+                pushes: Pushes | None = None, carry: bool = False, ahead: bool = False) -> None:
         """Replies, dead letters, XACK and XDEL in one script that Redis runs even at maxmemory
         (wire/lua/finish.lua): no reply without its ack, and a full Redis still drains. ``acks``: the
         ``(level, entry id)`` of every entry answered. ``pushes``: more messages per reply token,
         with the reply's TTL (a generative lane's chunks). Answers to job items are recorded in
         their jobs first (see rstreamer.jobs.sink). ``carry``: the script goes out with the next
-        read (Carrier.carry), which follows at once."""
+        read (Carrier.carry), which follows at once; ``ahead``: the batch was full, so the plain
+        prefix's source may send it behind that read instead (Carrier.send_ahead)."""
         answers = self._jobs.record(answers)
         by_reply: dict[str, list[Answer]] = defaultdict(list)
         for answer in answers:
@@ -609,10 +618,12 @@ class RedisWorker:
             args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
                   *(len(ids) for ids in by_level.values()), *replies, *letters,
                   *(entry_id for ids in by_level.values() for entry_id in ids)],
+            ahead=ahead,
         )
         if carry:
             self._reader.carry(call)
         else:
+            self._reader.settle()  # one FINISH at a time
             call.run()
         self.stats.dead_lettered += len(dead)
 

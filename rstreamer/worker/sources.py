@@ -49,6 +49,7 @@ class StreamSource(Carrier):
         """Up to ``max_items`` entries: this consumer's own backlog first, then new ones (blocking ``timeout`` s)."""
         self.fresh = False
         if self._cursor is not None:
+            self.settle()
             self.flush()  # else the entries it answers would be among those served again
             backlog = self._read_own_pending(self._cursor, max_items)
             if backlog:
@@ -65,6 +66,8 @@ class StreamSource(Carrier):
                     self._keys.group, self._consumer, streams, count=max_items, block=block))
                 entries = [(entry_id, fields) for _, stream_entries in (reply or [])
                            for entry_id, fields in stream_entries]
+            elif carried.ahead:
+                entries, fresh = self._read_ahead(carried, max_items, block)
             else:
                 entries, fresh = self._read_carrying(carried, max_items, block)
         except redis.ResponseError as exc:
@@ -78,17 +81,30 @@ class StreamSource(Carrier):
     def _read_carrying(self, carried: Carried, max_items: int, block: int | None) -> tuple[list[Entry], bool]:
         """The carried call, then XREADGROUP, sent together: the entries read, and whether they are
         fresh (see :meth:`Carrier.send_with`). Raises the call's error or the read's."""
+        reply, fresh = self.send_with(carried, self._xreadgroup(max_items, block))
+        if isinstance(reply, Exception):
+            raise reply
+        return _entries(reply), fresh
+
+    def _read_ahead(self, carried: Carried, max_items: int, block: int | None) -> tuple[list[Entry], bool]:
+        """After a full batch: XREADGROUP without waiting, then the carried call sent behind it, to
+        run while the entries read do (:meth:`Carrier.send_ahead`); when nothing waits after all,
+        the carried call and a waiting XREADGROUP together, as :meth:`_read_carrying`."""
+        (reply,) = self.exchange([self._xreadgroup(max_items, None)])
+        if isinstance(reply, Exception):
+            self.carry(carried)  # not sent: the caller's error path serves its entries again
+            raise reply
+        entries = _entries(reply)
+        if not entries:
+            return self._read_carrying(carried, max_items, block)
+        self.send_ahead(carried)
+        return entries, True
+
+    def _xreadgroup(self, max_items: int, block: int | None) -> list[Any]:
         read: list[Any] = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items]
         if block is not None:
             read += ["BLOCK", block]
-        read += ["STREAMS", self._keys.requests, ">"]
-        reply, fresh = self.send_with(carried, read)
-        if isinstance(reply, Exception):
-            raise reply
-        # XREADGROUP's reply as Redis sends it: {stream: entries} in RESP3, [[stream, entries]] in
-        # RESP2, None when nothing came; an entry is [id, [field, value, ...]].
-        streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply or []]
-        return [(entry_id, field_dict(flat)) for entries in streams for entry_id, flat in entries], fresh
+        return [*read, "STREAMS", self._keys.requests, ">"]
 
     def _read_own_pending(self, cursor: str, max_items: int) -> list[Entry]:
         # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.
@@ -103,6 +119,13 @@ class StreamSource(Carrier):
         if entries:
             self._cursor = entries[-1][0].decode()
         return entries
+
+
+def _entries(reply: Any) -> list[Entry]:
+    """The entries of XREADGROUP's reply as Redis sends it: {stream: entries} in RESP3, [[stream,
+    entries]] in RESP2, None when nothing came; an entry is [id, [field, value, ...]]."""
+    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply or []]
+    return [(entry_id, field_dict(flat)) for entries in streams for entry_id, flat in entries]
 
 
 class ParsedSource:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -153,6 +154,66 @@ def test_a_worker_sends_each_batch_finish_with_its_next_read(private_url, settin
     assert bool(waits) == bool(reads), words
     for n in waits[:-1]:  # the last may still be blocked when the monitor stops
         assert next_on_its_connection(n)[:2] == ["EVALSHA", *reads], words[n:]
+
+
+def _full_batches_then(streamer: RedisStreamer, last: list) -> tuple:
+    """Three full batches of a worker of batch size 4, queued in this order: the first sleeps
+    0.5 s (the others are queued meanwhile), the last is ``last``. The calls' futures."""
+    return streamer.submit([["sleep", 0.5], 0, 0, 0]), streamer.submit([1, 2, 3, 4]), streamer.submit(last)
+
+
+def test_after_a_full_batch_the_finish_runs_while_the_next_batch_does(private_url):
+    # After a full batch the worker reads the next entries first (an XREADGROUP that does not
+    # wait), then writes the FINISH on a connection of its own: Redis runs it while the model
+    # runs the entries just read, instead of in series with the model.
+    workers = WorkerProcesses(private_url)
+    client = redis.Redis.from_url(private_url)
+    finish = scripts(client).finish.sha
+    try:
+        workers.start("ahead", batch_size=4, max_latency=0.5, settings=QUIET)
+        with RedisStreamer(private_url, "ahead", timeout=20) as streamer:
+            assert streamer.predict([0]) == [0]
+            with client.monitor() as monitor:
+                futures = _full_batches_then(streamer, [5, 6, 7, 8])
+                assert [future.result(20) for future in futures] == [["slept", 0, 0, 0], [2, 4, 6, 8],
+                                                                     [10, 12, 14, 16]]
+                redis.Redis.from_url(private_url).echo("the end")
+                commands = []
+                while "the end" not in (command := monitor.next_command())["command"]:
+                    commands.append(command)
+    finally:
+        workers.stop_all()
+        client.close()
+    words = [command["command"].split() for command in commands]
+    finished = [n for n, w in enumerate(words) if w[:2] == ["EVALSHA", finish]]
+    reads = [n for n, w in enumerate(words) if w[0] == "XREADGROUP"]
+    # The FINISH of each of the first two (full) batches comes after the read of the next batch,
+    # a read that did not wait; carried, it would come before a read that waits.
+    sequence = sorted(reads + finished)
+    ahead = [n for before, n in itertools.pairwise(sequence)
+             if n in finished and before in reads and "BLOCK" not in words[before]]
+    assert len(ahead) >= 2, [(words[n][0], "BLOCK" in words[n]) for n in sequence]
+
+
+def test_a_model_that_kills_its_process_keeps_the_answers_of_the_full_batch_before(private_url):
+    # The FINISH sent behind the next read is written before the model runs that read's entries:
+    # the process dies with it in flight, and its callers are answered all the same (no other
+    # worker is there to serve them again).
+    workers = WorkerProcesses(private_url)
+    try:
+        proc = workers.start("ahead-kill", batch_size=4, max_latency=0.5, settings=QUIET)
+        with RedisStreamer(private_url, "ahead-kill", timeout=20) as streamer:
+            assert streamer.predict([0]) == [0]
+            first, answered, killer = _full_batches_then(streamer, [5, 6, 7, "kill"])
+            assert first.result(20) == ["slept", 0, 0, 0]
+            assert answered.result(10) == [2, 4, 6, 8]
+            assert proc.wait(20) == 17  # the scenario happened: the model ended its process
+            # Only the last batch's entries wait for a worker; the batch before was acknowledged.
+            pending = streamer.redis.xpending_range(streamer.keys.requests, streamer.keys.group, "-", "+", 10)
+            assert len(pending) == 4
+            assert not killer.done()
+    finally:
+        workers.stop_all()
 
 
 def _threads_calls(url: str, prefix: str) -> None:

@@ -22,6 +22,7 @@ from rstreamer.wire.keys import Keys
 from rstreamer.worker.carry import Carried
 from rstreamer.worker.levelsource import LevelSource
 from rstreamer.worker.reclaim import Reclaimer
+from rstreamer.worker.sources import StreamSource
 from support.procs import WorkerProcesses, live_pids, wait_for_workers, wait_until
 
 FAST = {"heartbeat_interval": 0.2, "dead_after": 1.0, "reclaim_interval": 0.2}
@@ -427,3 +428,27 @@ def test_a_level_read_sent_with_a_carried_call_after_a_script_flush_runs_both(re
     assert source.fresh is False
     redis_client.xadd(keys.requests_at(0), {"p": b"y"})
     assert [level for level, _ in source.fetch(10, timeout=0)] == [0] and source.fresh is True
+
+
+def test_a_call_sent_ahead_of_a_full_batch_runs_after_a_script_flush(redis_client, prefix):
+    # After a full batch the FINISH is sent behind the next read and its reply read later
+    # (Carrier.send_ahead, settle): a Redis that lost its scripts meanwhile answers NOSCRIPT then,
+    # and the call is loaded and run at that point, not lost.
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)
+    source = StreamSource(redis_client, keys, "reader")
+    assert source.fetch(10, timeout=0) == []  # its own backlog read: none
+    redis_client.xadd(keys.requests, {"p": b"x"})
+    marker = f"{prefix}:ahead"
+    source.carry(Carried(redis_client.register_script("return redis.call('SET', KEYS[1], ARGV[1])"),
+                         keys=[marker], args=["ran"], ahead=True))
+    redis_client.script_flush()
+    assert len(source.fetch(10, timeout=1)) == 1 and source.fresh is True
+    assert redis_client.get(marker) is None  # sent after the read, and refused: nothing ran yet
+    source.settle()
+    assert redis_client.get(marker) == b"ran"
+    # Nothing waiting after a full batch: the call goes with a read that waits, as when carried.
+    source.carry(Carried(redis_client.register_script("return redis.call('SET', KEYS[1], ARGV[1])"),
+                         keys=[marker], args=["again"], ahead=True))
+    assert source.fetch(10, timeout=0.05) == []
+    assert redis_client.get(marker) == b"again"
