@@ -109,6 +109,17 @@ def test_a_lone_call_on_an_idle_fair_level_goes_onto_the_stream_without_being_he
     assert sum(per_item.values()) <= 26, str(sorted(per_item.items()))
 
 
+def _monitored(url: str, client: redis.Redis, act: Callable[[], None]) -> list[dict]:
+    """The commands Redis ran (MONITOR) while ``act`` ran, in order."""
+    with client.monitor() as monitor:
+        act()
+        redis.Redis.from_url(url).echo("the end")
+        commands = []
+        while "the end" not in (command := monitor.next_command())["command"]:
+            commands.append(command)
+    return commands
+
+
 @pytest.mark.parametrize("settings", [{}, {"priorities": "4,2,1"}, {"tenant_sharing": "fair"}],
                          ids=["one level", "levels", "fair"])
 def test_a_worker_sends_each_batch_finish_with_its_next_read(private_url, settings):
@@ -124,13 +135,12 @@ def test_a_worker_sends_each_batch_finish_with_its_next_read(private_url, settin
         workers.start("carried", settings=settings)
         with RedisStreamer(private_url, "carried", timeout=20) as streamer:
             assert streamer.predict([0]) == [0]
-            with client.monitor() as monitor:
+
+            def calls() -> None:
                 for n in range(5):
                     assert streamer.predict([n]) == [2 * n]
-                redis.Redis.from_url(private_url).echo("the end")
-                commands = []
-                while "the end" not in (command := monitor.next_command())["command"]:
-                    commands.append(command)
+
+            commands = _monitored(private_url, client, calls)
     finally:
         workers.stop_all()
         client.close()
@@ -173,14 +183,13 @@ def test_after_a_full_batch_the_finish_runs_while_the_next_batch_does(private_ur
         workers.start("ahead", batch_size=4, max_latency=0.5, settings=QUIET)
         with RedisStreamer(private_url, "ahead", timeout=20) as streamer:
             assert streamer.predict([0]) == [0]
-            with client.monitor() as monitor:
+
+            def calls() -> None:
                 futures = _full_batches_then(streamer, [5, 6, 7, 8])
                 assert [future.result(20) for future in futures] == [["slept", 0, 0, 0], [2, 4, 6, 8],
                                                                      [10, 12, 14, 16]]
-                redis.Redis.from_url(private_url).echo("the end")
-                commands = []
-                while "the end" not in (command := monitor.next_command())["command"]:
-                    commands.append(command)
+
+            commands = _monitored(private_url, client, calls)
     finally:
         workers.stop_all()
         client.close()
