@@ -11,6 +11,10 @@ from rstreamer_tools import bench
 pytestmark = pytest.mark.integration
 
 
+# Seven processes import torch (two workers and their supervisor, two of Streamer, the sleeper's
+# worker and supervisor): in a fresh virtual environment, with nothing in the disk cache yet,
+# that alone took over a minute on a 2-vCPU VM.
+@pytest.mark.timeout(300)
 def test_bench_gpu_runs_its_steps_on_the_cpu_and_skips_the_gpu_memory_ones(tmp_path, capsys):
     pytest.importorskip("torch")  # the check models are torch models (make test installs torch)
     argv = ["gpu", "--steps", "placement,oom,shelf,sleeper", "--seconds", "1", "--processes", "1",
