@@ -32,7 +32,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -44,6 +43,7 @@ from rstreamer.local import Streamer
 from rstreamer.ops.metrics import percentile
 from rstreamer.wire.published import wait_for_live_workers
 from rstreamer_tools.processes import stop_group
+from rstreamer_tools.threads import run_threads
 
 MODELS = "workers.gpucheck"
 STEPS = ("placement", "oom", "shelf", "encoder", "sleeper")
@@ -91,26 +91,28 @@ def _placed(where: dict[str, Any], gpu: bool) -> bool:
     return bool(where["gpu_id"] == 0 and where["visible"] == "0" and device_ok)
 
 
+def _two_processes(streamer: RedisStreamer | Streamer) -> dict[int, dict[str, Any]]:
+    """Where each process of ``streamer``'s two answered from, by pid (calls until both have)."""
+    seen: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + 60
+    while len(seen) < 2 and time.monotonic() < deadline:
+        for future in [streamer.submit([n]) for n in range(32)]:
+            seen.update((where["pid"], where) for where in future.result(60))
+    return seen
+
+
 def placement(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """Two workers on GPU 0, and two local processes of Streamer(cuda_devices=[0])."""
-    seen: dict[int, dict[str, Any]] = {}
     with _worker(url, "--prefix", "gpu-probe", "--gpus", "0", "--workers-per-gpu", "2", "--batch-size", "4",
                  "--max-latency", "0.01", f"{MODELS}:Probe", live=("gpu-probe", 2)), \
             RedisStreamer(url, "gpu-probe", timeout=60) as streamer:
-        deadline = time.monotonic() + 60
-        while len(seen) < 2 and time.monotonic() < deadline:
-            for future in [streamer.submit([n]) for n in range(16)]:
-                seen.update((where["pid"], where) for where in future.result(60))
+        seen = _two_processes(streamer)
         gpus = [worker["gpu"] for worker in _status(url, "--prefix", "gpu-probe")["workers"]]
-    local: dict[int, dict[str, Any]] = {}
     from workers.gpucheck import Probe
 
     with Streamer(Probe, batch_size=4, max_latency=0.01, worker_num=2, cuda_devices=[0],
-                  wait_for_worker_ready=True) as streamer:
-        deadline = time.monotonic() + 60
-        while len(local) < 2 and time.monotonic() < deadline:
-            for future in [streamer.submit([n]) for n in range(32)]:
-                local.update((where["pid"], where) for where in future.result(60))
+                  wait_for_worker_ready=True) as local_streamer:
+        local = _two_processes(local_streamer)
     return {"workers": list(seen.values()), "status_gpus": gpus, "streamer": list(local.values()),
             "ok": len(seen) == 2 and len(local) == 2 and gpus == [0, 0]
             and all(_placed(where, _gpu_memory() > 0) for where in [*seen.values(), *local.values()])}
@@ -179,22 +181,18 @@ def shelf(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _callers(url: str, prefix: str, threads: int, seconds: float, item: Any, results: Any) -> None:
-    """``threads`` callers of one item each, for ``seconds``; puts (items, latencies) on ``results``."""
+    """``threads`` callers of one item each, for ``seconds``; puts their latencies on ``results``."""
     stop = time.monotonic() + seconds
-    latencies: list[list[float]] = [[] for _ in range(threads)]
+    latencies: list[float] = []
     with RedisStreamer(url, prefix, timeout=60) as streamer:
-        def call(slot: int) -> None:
+        def call() -> None:
             while time.monotonic() < stop:
                 started = time.perf_counter()
                 streamer.predict([item])
-                latencies[slot].append(time.perf_counter() - started)
+                latencies.append(time.perf_counter() - started)
 
-        running = [threading.Thread(target=call, args=(slot,)) for slot in range(threads)]
-        for thread in running:
-            thread.start()
-        for thread in running:
-            thread.join()
-    results.put([latency for slot in latencies for latency in slot])
+        run_threads(call, threads)
+    results.put(latencies)
 
 
 def _through_redis(url: str, model: str, init: dict[str, Any], item: Any, direct: Callable[[list[Any]], Any],
