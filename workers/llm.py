@@ -97,9 +97,9 @@ def missing_requirements() -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def load(gguf: str | None = None, cache_dir: str | None = None) -> tuple[Any, Any]:
-    """The tokenizer and the float32 model, from the cache if there, else from the GGUF file
-    (then cached). One read-only copy per process and arguments."""
+def load(gguf: str | None = None, cache_dir: str | None = None, device: str = "cpu") -> tuple[Any, Any]:
+    """The tokenizer and the float32 model on ``device``, from the cache if there, else from the
+    GGUF file (then cached). One read-only copy per process and arguments."""
     # Set before transformers is imported: it reads them at import time. Nothing may go to the hub.
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -123,7 +123,8 @@ def load(gguf: str | None = None, cache_dir: str | None = None) -> tuple[Any, An
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    logger.info("loaded %s from %s in %.1fs", GGUF_FILE, source, time.monotonic() - began)
+    model = model.to(device)
+    logger.info("loaded %s from %s on %s in %.1fs", GGUF_FILE, source, device, time.monotonic() - began)
     return tokenizer, model
 
 
@@ -180,17 +181,21 @@ class _Loaded:
     default_max_tokens: int
     ends: frozenset[int]
     max_token_chars: int | None
+    device: str
 
     def _load(self, threads: int | None, cache_dir: str | None, gguf: str | None, context: int | None,
-              default_max_tokens: int) -> None:
+              default_max_tokens: int, device: str | None) -> None:
         import torch
+
+        from .devices import pick_device
 
         if threads is not None:
             # Several workers on one host would otherwise each start one thread per core and thrash.
             torch.set_num_threads(threads)
         if not isinstance(default_max_tokens, int) or default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be an integer >= 1, got {default_max_tokens!r}")
-        self.tokenizer, self.model = load(gguf, cache_dir)
+        self.device = pick_device(getattr(self, "gpu_id", None), device)
+        self.tokenizer, self.model = load(gguf, cache_dir, self.device)
         window = int(self.model.config.max_position_embeddings)
         self.context = min(context, window) if context else window
         self.default_max_tokens = default_max_tokens
@@ -209,13 +214,14 @@ class _Loaded:
 class ChatModel(_Loaded, GenerativeModel):
     """SmolLM2-135M-Instruct with continuous batching (see the module doc and docs/streaming.md).
 
-    ``init_model(threads=1, cache_dir=None, gguf=None, context=None, default_max_tokens=256)``:
-    ``threads``, torch intra-op threads of this process (one per worker process: several
-    threads on a shared, busy CPU run far slower than one); ``cache_dir``, where converted
+    ``init_model(threads=1, cache_dir=None, gguf=None, context=None, default_max_tokens=256,
+    device=None)``: ``threads``, torch intra-op threads of this process (one per worker process:
+    several threads on a shared, busy CPU run far slower than one); ``cache_dir``, where converted
     weights are cached (None: ``RSTREAMER_LLM_CACHE`` or ``~/.cache/rstreamer/llm``; ``""``:
     no cache); ``gguf``, another GGUF file of the same architecture; ``context``, a context
     window smaller than the model's (prompt plus ``max_tokens`` must fit); ``default_max_tokens``,
-    for items that do not say.
+    for items that do not say; ``device``, where the model runs (``"cuda"``, ``"cpu"``; default:
+    the GPU the worker was placed on with ``--gpus``, else the CPU).
     """
 
     deterministic = True
@@ -223,12 +229,13 @@ class ChatModel(_Loaded, GenerativeModel):
     caller was, and the caller checks the repeated chunks (a divergence is reported)."""
 
     def init_model(self, threads: int | None = 1, cache_dir: str | None = None, gguf: str | None = None,
-                   context: int | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+                   context: int | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                   device: str | None = None) -> None:
         """Load the model (see the class doc) and an empty batch."""
         from .llm_batch import BatchRunner
         from .llm_text import Generation
 
-        self._load(threads, cache_dir, gguf, context, default_max_tokens)
+        self._load(threads, cache_dir, gguf, context, default_max_tokens, device)
         self._generation = Generation
         self.runner = BatchRunner(self.model)
         self.rows: list[int] = []  # the key of each cache row, in row order
@@ -293,9 +300,10 @@ class RequestLevelChat(_Loaded, ManagedModel):
     :class:`ChatModel` (``predict``)."""
 
     def init_model(self, threads: int | None = 1, cache_dir: str | None = None, gguf: str | None = None,
-                   context: int | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+                   context: int | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                   device: str | None = None) -> None:
         """Load the model (as :class:`ChatModel`)."""
-        self._load(threads, cache_dir, gguf, context, default_max_tokens)
+        self._load(threads, cache_dir, gguf, context, default_max_tokens, device)
 
     def predict(self, batch: list[Any]) -> list[Any]:
         """Run the batch to its longest ``max_tokens`` in one padded ``generate()``."""
@@ -310,8 +318,10 @@ class RequestLevelChat(_Loaded, ManagedModel):
             raise InvalidInput("RequestLevelChat decodes greedily only: set temperature to 0")
         width = max(len(request.prompt_ids) for request in requests)
         pad = int(self.model.generation_config.pad_token_id or 0)
-        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests])
-        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests])
+        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests],
+                           device=self.device)
+        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests],
+                            device=self.device)
         with torch.inference_mode():
             out = self.model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
                                       max_new_tokens=max(r.max_tokens for r in requests))

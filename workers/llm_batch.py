@@ -33,9 +33,10 @@ class SlotCache:
     """The keys and values of the live sequences, one right-aligned row each (see the module doc)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
-                 rows: int = 8, columns: int = 128) -> None:
+                 rows: int = 8, columns: int = 128, device: torch.device | str = "cpu") -> None:
         self._shape = (layers, kv_heads, head_dim)
         self._dtype = dtype
+        self.device = torch.device(device)
         self._initial = (rows, columns)
         self.keys, self.values = self._alloc(rows, columns)
         self.starts: list[int] = []  # per live row: the column of its first token
@@ -83,9 +84,9 @@ class SlotCache:
         """Position ids ``[rows, 1]`` and the boolean attention mask ``[rows, 1, 1, window]`` of
         the next decoding step; makes room for its column first."""
         self._reserve_column()
-        starts = torch.tensor(self.starts)
+        starts = torch.tensor(self.starts, device=self.device)
         positions = (self.end - starts).unsqueeze(1)
-        columns = torch.arange(self.left, self.end + 1)
+        columns = torch.arange(self.left, self.end + 1, device=self.device)
         mask = columns.unsqueeze(0) >= starts.unsqueeze(1)
         return positions, mask[:, None, None, :]
 
@@ -134,7 +135,8 @@ class SlotCache:
     def _alloc(self, rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
         layers, heads, dim = self._shape
         shape = (layers, rows, heads, columns, dim)
-        return torch.zeros(shape, dtype=self._dtype), torch.zeros(shape, dtype=self._dtype)
+        return (torch.zeros(shape, dtype=self._dtype, device=self.device),
+                torch.zeros(shape, dtype=self._dtype, device=self.device))
 
     def _reset(self) -> None:
         """Empty: go back to the first column, and to the initial size if the cache had grown."""
@@ -208,15 +210,30 @@ def plan_prefill(prompts: Sequence[list[int]], budget: int = PREFILL_TOKENS) -> 
     return groups
 
 
+def _check_cache_argument(model: Any) -> None:
+    """Refuse a model whose forward takes no ``cache`` argument (transformers before it was named
+    so): it would swallow the cache in ``**kwargs`` and every decoding step would fail on shapes."""
+    import inspect
+
+    if "cache" not in inspect.signature(model.forward).parameters:
+        import transformers
+
+        raise RuntimeError(f"this transformers ({transformers.__version__}) passes the KV cache under another "
+                           "name than `cache`: install the version the llm extra pins (pip install -e '.[llm]')")
+
+
 class BatchRunner:
     """Runs a transformers causal LM over a :class:`SlotCache`: prefill new sequences, decode all."""
 
     def __init__(self, model: Any) -> None:
+        _check_cache_argument(model)
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        weight = next(model.parameters())
         self.model = model
+        self.device = weight.device
         self.cache = SlotCache(config.num_hidden_layers, config.num_key_value_heads, head_dim,
-                               dtype=next(model.parameters()).dtype)
+                               dtype=weight.dtype, device=weight.device)
 
     def prefill(self, prompts: Sequence[list[int]]) -> None:
         """Run the prompts (already tokenized) and add them to the cache, in this order, as the
@@ -233,13 +250,14 @@ class BatchRunner:
         width = max(len(prompt) for prompt in prompts)
         if width == 0:
             return []
-        pads = torch.tensor([width - len(prompt) for prompt in prompts])
-        ids = torch.tensor([[0] * (width - len(prompt)) + prompt for prompt in prompts])
-        columns = torch.arange(width)
+        pads = torch.tensor([width - len(prompt) for prompt in prompts], device=self.device)
+        ids = torch.tensor([[0] * (width - len(prompt)) + prompt for prompt in prompts], device=self.device)
+        columns = torch.arange(width, device=self.device)
         positions = (columns.unsqueeze(0) - pads.unsqueeze(1)).clamp(min=0)
         causal = columns.unsqueeze(0) <= columns.unsqueeze(1)  # [query, key]
         real = columns.unsqueeze(0) >= pads.unsqueeze(1)  # [row, key]
-        diagonal = torch.eye(width, dtype=torch.bool)  # a padding query attends to itself: no empty row
+        # A padding query attends to itself: no empty row.
+        diagonal = torch.eye(width, dtype=torch.bool, device=self.device)
         mask = (causal.unsqueeze(0) & real.unsqueeze(1)) | diagonal.unsqueeze(0)
         cache = PrefillCache()
         with torch.inference_mode():
@@ -251,7 +269,7 @@ class BatchRunner:
         """One decoding step: feed each live row its token; the next-token logits ``[rows, vocab]``
         (float32)."""
         positions, mask = self.cache.decode_inputs()
-        ids = torch.tensor(tokens).unsqueeze(1)
+        ids = torch.tensor(tokens, device=self.device).unsqueeze(1)
         with torch.inference_mode():
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                              use_cache=True)

@@ -190,7 +190,8 @@ class Sampler:
         """The next token from one row of logits; ``greedy`` is the row's argmax, already known."""
         if self.generator is None:
             return greedy
-        probs = torch.softmax(logits / self.temperature, dim=-1)
+        # The generator is a CPU one (the same draws wherever the model runs): sample on the CPU.
+        probs = torch.softmax(logits.cpu() / self.temperature, dim=-1)
         if self.top_p >= 1.0:
             return int(torch.multinomial(probs, 1, generator=self.generator))
         ordered, indices = torch.sort(probs, descending=True)

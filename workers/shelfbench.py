@@ -13,6 +13,8 @@ from typing import Any
 
 from rstreamer.model.managed import ManagedModel
 
+from .devices import pick_device
+
 FEATURES = 256
 
 
@@ -33,7 +35,7 @@ class TinyClassifier(ManagedModel):
         import torch
 
         torch.set_num_threads(1)  # one core per worker: the bench runs several side by side
-        self.device = "cuda" if self.gpu_id is not None and torch.cuda.is_available() else "cpu"
+        self.device = pick_device(self.gpu_id)
         generator = torch.Generator().manual_seed(int(seed))
         sizes = [FEATURES] + [width] * depth + [classes]
         weights = {f"{i}.weight": torch.randn(sizes[i + 1], sizes[i], generator=generator) / sizes[i] ** 0.5

@@ -99,6 +99,19 @@ def test_greedy_answers_the_capital_of_france(chat: ChatModel) -> None:
     assert chat.rows == [] and chat.runner.cache.rows == 0  # a finished sequence leaves the batch
 
 
+def test_a_worker_placed_on_a_gpu_runs_the_model_on_the_cpu_where_cuda_is_absent(
+        chat: ChatModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: `rstreamer bench llm --gpu 0` checks the GPU")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after: gpu_id sets it for the process
+    placed = ChatModel(0)
+    placed.init_model()
+    assert placed.device == "cpu" and placed.model is chat.model  # one read-only copy per device
+    assert "Paris" in join_answer(alone(placed, FRANCE))["text"]
+
+
 def test_sequences_share_forward_passes_and_join_mid_flight(chat: ChatModel) -> None:
     items = {0: ask("Tell me a story.", max_tokens=10), 1: ask("Describe the sea.", max_tokens=10),
              2: {"prompt": "The sky is", "max_tokens": 8, "temperature": 0}}

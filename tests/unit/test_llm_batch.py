@@ -3,6 +3,7 @@ row always attends to exactly its own tokens, in order (random keys and values, 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -125,3 +126,36 @@ def test_a_long_prompt_joins_after_the_oldest_rows_left() -> None:
     join(cache, ref, 5)
     decode(cache, ref)
     assert cache.starts == [cache.end - 1, cache.end - 6]
+
+
+def test_the_runner_keeps_every_tensor_on_the_models_device() -> None:
+    # A model on torch's "meta" device stands for a GPU here: a tensor made on the CPU beside
+    # it fails the forward pass as it would beside a CUDA model.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.llm_batch import BatchRunner
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).eval()
+    runner = BatchRunner(model)
+    runner.prefill([[1, 2, 3], [4, 5]])
+    logits = runner.decode([6, 7])
+    runner.remove(0)
+    runner.prefill([[8]])
+    assert (logits.device.type, tuple(logits.shape)) == ("meta", (2, 64))
+    assert runner.cache.keys.device.type == "meta" and runner.cache.rows == 2
+
+
+def test_a_model_without_the_cache_argument_is_refused_by_name() -> None:
+    class OlderForward(torch.nn.Linear):
+        config = None
+
+        def forward(self, input_ids: torch.Tensor, past_key_values: Any = None, **kwargs: Any) -> Any:
+            return input_ids
+
+    from workers.llm_batch import BatchRunner
+
+    with pytest.raises(RuntimeError, match="passes the KV cache under another name"):
+        BatchRunner(OlderForward(1, 1))
