@@ -16,7 +16,8 @@ concurrent callers, three ways side by side in one run:
 It reports tokens/s (completion tokens), time to first token p50/p99 (to the first text delta;
 for request-level, the whole answer), inter-token p99 (the gaps between a stream's deltas), and
 the Redis share (1 - continuous / in-process tokens/s). Prints a table with the load average
-and writes ``bench-llm.json`` to ``--output``. ``--chats 16`` is a quick run.
+and writes ``bench-llm.json`` to ``--output``. ``--chats 16`` is a quick run; ``--gpu 0`` runs
+the model on GPU 0 (the workers placed there as ``--gpus 0`` does), else it runs on the CPU.
 """
 from __future__ import annotations
 
@@ -221,7 +222,8 @@ def in_process(args: argparse.Namespace, items: list[dict[str, Any]]) -> Run:
     from workers.llm import ChatModel
 
     model = ChatModel()
-    model.init_model(**args.model_kwargs)
+    device = "cpu" if args.gpu is None else f"cuda:{args.gpu}"
+    model.init_model(**args.model_kwargs, device=device)
     run = Run("in-process")
     _loop(model, _warm_up(items), min(args.callers, 4), Run("in-process"))
     began, cpu = time.perf_counter(), time.process_time()
@@ -326,6 +328,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
     parser.add_argument("--max-latency", type=float, default=0.05, help="request-level batching's max_latency")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a call may take")
+    parser.add_argument("--gpu", type=int, default=None,
+                        help="run the model on this GPU (the workers placed there as by --gpus); default: the CPU")
     parser.add_argument("--output", type=Path, default=Path("bench-output"))
     args = parser.parse_args(argv)
     args.max_active = args.callers  # live sequences of the continuous worker, batch size of the other

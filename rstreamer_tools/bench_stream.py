@@ -163,7 +163,8 @@ def _ms(seconds: float | None) -> float | None:
 
 @contextlib.contextmanager
 def serving(model: str, workers: int, args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
-    """``workers`` supervised worker processes of ``model`` on a fresh prefix; the streamer and supervisor."""
+    """``workers`` supervised worker processes of ``model`` on a fresh prefix, on the GPU ``args.gpu``
+    names if any (else the CPU); the streamer and supervisor."""
     from rstreamer.client.sync import RedisStreamer
     from rstreamer.settings import WorkerSettings
     from rstreamer.wire.published import wait_for_live_workers
@@ -172,7 +173,7 @@ def serving(model: str, workers: int, args: argparse.Namespace) -> Iterator[tupl
     prefix = f"bench-stream-{uuid.uuid4().hex[:8]}"
     settings = WorkerSettings.from_env(batch_size=args.max_active, max_latency=args.max_latency)
     spec = WorkerSpec(model, args.url, prefix, init_kwargs=args.model_kwargs, settings=settings, log_level="WARNING")
-    supervisor = Supervisor(spec, [None] * workers, restart_backoff=0.2)
+    supervisor = Supervisor(spec, [getattr(args, "gpu", None)] * workers, restart_backoff=0.2)
     thread = threading.Thread(target=supervisor.run, name="bench-stream-supervisor", daemon=True)
     thread.start()
     streamer = RedisStreamer(args.url, prefix)
