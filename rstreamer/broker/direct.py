@@ -7,7 +7,8 @@ command and reading its reply (an ENQUEUE of 16 calls: 216 against 178 us of cli
 2-vCPU VM; issue 26). Only a plain ``redis.Redis`` has one server to write to; any other client
 (a Redis Cluster routes each command by its key) runs the command its usual way. Errors are
 redis-py's own, as from ``execute_command`` on a client that never retries. A worker writes its
-batch's FINISH and its next read together the same way (rstreamer.worker.carry). The asyncio
+batch's FINISH and its next read together the same way, or, after a full batch, writes the
+FINISH alone and reads its reply later (:func:`send`; rstreamer.worker.carry). The asyncio
 streamer's ENQUEUE and BLPOP go the same way on a plain ``redis.asyncio.Redis``
 (:func:`async_direct_command`): there redis-py's serializer alone took a quarter of the client's
 CPU per item.
@@ -44,18 +45,47 @@ def exchange(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> list[Any
     order; a reply Redis answered with an error is that error as an exception object, so that the
     replies after it are still read (and the connection stays fit for the next user). Redis runs
     a client's commands in order: a command after a blocked read runs the moment the read returns."""
+    return send(client, commands).replies()
+
+
+def send(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> Sent:
+    """``commands`` written together on one connection of ``client``'s pool, their replies left
+    to read later (:meth:`Sent.replies`): Redis runs them meanwhile. The connection is the
+    caller's until it reads them or abandons them (:meth:`Sent.abandon`)."""
     pool = client.connection_pool
     connection: Any = pool.get_connection()  # redis-py leaves most of Connection unannotated
+    sent = Sent(pool, connection, len(commands))
     try:
         # Packed in one C call each: redis-py's serializer first copies every argument through a
         # generator (an ENQUEUE of 16 calls: 1 us per call of its 11 in Python; issue 26).
         connection.send_packed_command((b"".join(pack_command(tuple(args)) for args in commands),))
-        return [_reply(connection) for _ in commands]
     except BaseException:
-        connection.disconnect()  # half a conversation: the next user must not read the rest
+        sent.abandon()
         raise
-    finally:
-        pool.release(connection)
+    return sent
+
+
+class Sent:
+    """Commands written on a pooled connection whose replies are not read yet (:func:`send`)."""
+
+    def __init__(self, pool: Any, connection: Any, count: int) -> None:
+        self._pool, self._connection, self._count = pool, connection, count
+
+    def replies(self) -> list[Any]:
+        """Their replies, in order, as :func:`exchange` gives them; the connection goes back to the pool."""
+        try:
+            return [_reply(self._connection) for _ in range(self._count)]
+        except BaseException:
+            self._connection.disconnect()  # half a conversation: the next user must not read the rest
+            raise
+        finally:
+            self._pool.release(self._connection)
+
+    def abandon(self) -> None:
+        """Give the connection back closed, the replies unread (no later user may read the rest)."""
+        with contextlib.suppress(Exception):
+            self._connection.disconnect()
+        self._pool.release(self._connection)
 
 
 def _reply(connection: Any) -> Any:

@@ -19,15 +19,13 @@ again, so a model that kills its process does not take the answers of the batch 
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from hiredis import pack_command  # redis[hiredis] is a dependency
 
 from ..broker.connection import RedisClient
-from ..broker.direct import exchange
+from ..broker.direct import Sent, exchange, send
 
 
 @dataclass
@@ -53,31 +51,21 @@ class Carried:
 class _InFlight:
     """A call written on a connection of its own whose reply is not read yet (:meth:`Carrier.send_ahead`)."""
 
-    def __init__(self, pool: Any, connection: Any, call: Carried) -> None:
-        self.pool, self.connection, self.call = pool, connection, call
+    def __init__(self, sent: Sent, call: Carried) -> None:
+        self.sent, self.call = sent, call
 
     def settle(self) -> None:
         """Read its reply: return when Redis ran it, raise its error. A Redis that lost its scripts
         ran nothing: the call runs again, loaded."""
-        try:
-            self.connection.read_response()
-        except redis.exceptions.NoScriptError:
-            self.pool.release(self.connection)  # Redis answered: the connection is fit
+        (reply,) = self.sent.replies()
+        if isinstance(reply, redis.exceptions.NoScriptError):
             self.call.run()
-            return
-        except redis.ResponseError:
-            self.pool.release(self.connection)
-            raise
-        except BaseException:
-            self.abandon()
-            raise
-        self.pool.release(self.connection)
+        elif isinstance(reply, Exception):
+            raise reply
 
     def abandon(self) -> None:
         """Close its connection unread (half a conversation: no later user may read the rest)."""
-        with contextlib.suppress(Exception):
-            self.connection.disconnect()
-        self.pool.release(self.connection)
+        self.sent.abandon()
 
 
 class Carrier:
@@ -128,14 +116,7 @@ class Carrier:
         :meth:`settle` reads (before the next call is carried, the own entries are read again, or
         the worker stops). Redis runs it while the worker runs its next batch, read just before."""
         self.settle()
-        pool: Any = cast("redis.Redis", self._reads).connection_pool  # see can_carry
-        connection: Any = pool.get_connection()
-        try:
-            connection.send_packed_command((pack_command(tuple(call.command())),))
-        except BaseException:
-            _InFlight(pool, connection, call).abandon()
-            raise
-        self._in_flight = _InFlight(pool, connection, call)
+        self._in_flight = _InFlight(send(cast("redis.Redis", self._reads), [call.command()]), call)  # see can_carry
 
     def drop(self) -> None:
         """Forget the carried call unsent (its entries are served again, as after a failed FINISH),
