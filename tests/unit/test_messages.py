@@ -382,3 +382,33 @@ def test_a_version_1_reply_carries_the_values_a_version_1_client_can_decode():
     assert rows[0] == [0, True, [1, 2, [3]]]
     assert rows[1][2].tolist() == [0, 1]
     assert rows[2][:2] == [2, False] and "wire version 1" in rows[2][2][1]
+
+
+def test_a_numeric_array_is_sent_without_decoding_it_again(monkeypatch):
+    import torch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("decoded to check it")
+
+    outputs = [np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(4), torch.arange(3, dtype=torch.float16)]
+    packed = pack_results([(i, Outcome(True, value=value)) for i, value in enumerate(outputs)])
+    monkeypatch.setattr(codec, "unpackb", refuse)
+    assert pack_results([(i, Outcome(True, value=value)) for i, value in enumerate(outputs)]) == packed
+    monkeypatch.undo()
+    rows = unpack_results(packed)
+    np.testing.assert_array_equal(rows[0][1].value, outputs[0])
+    assert torch.equal(rows[2][1].value, outputs[2])
+
+
+def test_a_boolean_array_with_other_bytes_is_still_refused_before_it_is_sent():
+    bad = np.frombuffer(bytes([0, 1, 2]), dtype=np.uint8).view(np.bool_)
+    [(_, outcome)] = unpack_results(pack_results([(0, Outcome(True, value=bad))]))
+    assert outcome.failure.type == "EncodeError" and "0 and 1" in outcome.failure.message
+
+
+def test_a_numeric_array_over_the_clients_limit_still_fails_alone():
+    rows = [row for m in pack_messages([(0, Outcome(True, value=np.zeros(5_000))), (1, Outcome(True, value=1))],
+                                       max_bytes=10_000)
+            for row in unpack_results(m, max_bytes=10_000)]
+    assert rows[1] == (1, Outcome(True, value=1))
+    assert rows[0][1].failure.type == "EncodeError" and "exceeds" in rows[0][1].failure.message
