@@ -341,6 +341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Every run in turn; print, check the targets, save. 0 unless a chat failed (the speed
     targets are reported, not enforced: they depend on the machine)."""
     args = parse_args(argv)
+    if args.gpu is not None:
+        import torch
+
+        if args.gpu >= torch.cuda.device_count():
+            raise SystemExit(f"rstreamer bench llm: --gpu {args.gpu}, but torch sees {torch.cuda.device_count()} "
+                             "CUDA device(s) here")
     chosen = [name.strip() for name in args.runs.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(RUNS))
     if unknown:

@@ -53,3 +53,13 @@ def test_bench_llm_runs_the_three_ways(tmp_path: Path) -> None:
     assert all(run["failed"] == 0 and run["chats"] == 4 and run["tokens"] >= 4 for run in runs.values())
     # Greedy, the same chats: every way makes the same number of tokens.
     assert len({run["tokens"] for run in runs.values()}) == 1
+
+
+def test_a_gpu_the_machine_does_not_have_is_refused_before_anything_starts() -> None:
+    import torch
+
+    from rstreamer_tools.bench_llm import main
+
+    missing = torch.cuda.device_count()
+    with pytest.raises(SystemExit, match=f"--gpu {missing}, but torch sees {missing} CUDA device"):
+        main(["--gpu", str(missing), "--chats", "1"])
