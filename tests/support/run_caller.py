@@ -4,12 +4,16 @@ withdraws nothing, and what it left is for the workers' own checks."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 from rstreamer import RedisStreamer
 
 
 def main() -> None:
+    # Ctrl-C as a terminal delivers it: a process started from a shell's background job (a CI
+    # run launched with `&`) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     spec = json.loads(sys.argv[1])
     with RedisStreamer(spec["url"], spec["prefix"]) as streamer:
         if spec.get("stream"):
