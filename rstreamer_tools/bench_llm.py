@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gpu is not None:
         import torch
 
-        if args.gpu >= torch.cuda.device_count():
+        if not 0 <= args.gpu < torch.cuda.device_count():
             raise SystemExit(f"rstreamer bench llm: --gpu {args.gpu}, but torch sees {torch.cuda.device_count()} "
                              "CUDA device(s) here")
     chosen = [name.strip() for name in args.runs.split(",") if name.strip()]

@@ -76,16 +76,23 @@ class Sent:
         try:
             return [_reply(self._connection) for _ in range(self._count)]
         except BaseException:
-            self._connection.disconnect()  # half a conversation: the next user must not read the rest
+            self.abandon()  # half a conversation: the next user must not read the rest
             raise
         finally:
-            self._pool.release(self._connection)
+            self._release()
 
     def abandon(self) -> None:
         """Give the connection back closed, the replies unread (no later user may read the rest)."""
-        with contextlib.suppress(Exception):
-            self._connection.disconnect()
-        self._pool.release(self._connection)
+        if self._connection is not None:
+            with contextlib.suppress(Exception):  # the error that ended the conversation is the one raised
+                self._connection.disconnect()
+        self._release()
+
+    def _release(self) -> None:
+        # Once: a blocking pool would otherwise queue the same connection twice.
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._pool.release(connection)
 
 
 def _reply(connection: Any) -> Any:

@@ -315,13 +315,14 @@ def _encoded_output(value: Any, max_bytes: int, version: int = WIRE_VERSION) -> 
 
 
 def _numeric_array(value: Any) -> bool:
-    """A numpy array or torch tensor itself (no subclass) of ints, floats or complex numbers:
-    nothing in its bytes can fail the client's decoding (booleans can: bytes other than 0 and 1)."""
+    """A numpy array (ints, floats, complex) or torch tensor (ints, floats) itself, no subclass,
+    that holds items: nothing in its bytes can fail the client's decoding. Booleans can (bytes
+    other than 0 and 1), and so can an empty tensor of a huge shape (torch overflows its strides)."""
     cls = type(value)
     if cls.__name__ == "ndarray" and cls.__module__ == "numpy":
-        return value.dtype.kind in "iufc"
+        return value.dtype.kind in "iufc" and value.size > 0
     if cls.__name__ == "Tensor" and cls.__module__ == "torch":
-        return bool(value.dtype.is_floating_point) or str(value.dtype) in _TORCH_INTEGERS
+        return (bool(value.dtype.is_floating_point) or str(value.dtype) in _TORCH_INTEGERS) and value.numel() > 0
     return False
 
 

@@ -412,3 +412,11 @@ def test_a_numeric_array_over_the_clients_limit_still_fails_alone():
             for row in unpack_results(m, max_bytes=10_000)]
     assert rows[1] == (1, Outcome(True, value=1))
     assert rows[0][1].failure.type == "EncodeError" and "exceeds" in rows[0][1].failure.message
+
+
+def test_an_empty_tensor_of_a_huge_shape_is_still_refused_before_it_is_sent():
+    import torch
+
+    huge = torch.empty(0, 1, 1).expand(0, 2**40, 2**40)  # encodes; decoding it overflows torch's strides
+    [(_, outcome)] = unpack_results(pack_results([(0, Outcome(True, value=huge))]))
+    assert outcome.failure.type == "EncodeError" and "would not decode" in outcome.failure.message
