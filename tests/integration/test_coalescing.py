@@ -18,7 +18,7 @@ from support.polling import wait_until
 def test_concurrent_calls_share_an_enqueue_and_get_their_own_answers(redis_url, prefix, workers, held_first_send):
     workers.start(prefix, batch_size=64, max_latency=0.01)
     with RedisStreamer(redis_url, prefix) as streamer:
-        held_first_send.release_when(streamer, 10)
+        held_first_send.release_when(streamer, 10, callers=48)
 
         def call(n: int) -> list[int]:
             return streamer.predict([n] * (1 + n % 3))

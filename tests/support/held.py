@@ -23,12 +23,18 @@ class HeldSends(list[int]):
     def release(self) -> None:
         self.gate.set()
 
-    def release_when(self, streamer: RedisStreamer, waiting: int) -> None:
-        """Release the first ENQUEUE, from a thread, once ``waiting`` calls wait behind it."""
+    def release_when(self, streamer: RedisStreamer, waiting: int, callers: int | None = None) -> None:
+        """Release the first ENQUEUE, from a thread, once ``waiting`` calls wait behind it, or
+        once every one of ``callers`` (a fixed number of caller threads) has its call in it or
+        behind it: on a busy machine the first ENQUEUE may take nearly all of them, and no call
+        can come after while they wait for their answers."""
+        def piled_up() -> bool:
+            pending = len(streamer._coalescer._pending)
+            return bool(self) and (pending >= waiting or (callers is not None and self[0] + pending >= callers))
+
         def run() -> None:
             try:
-                wait_until(lambda: self and len(streamer._coalescer._pending) >= waiting, timeout=self.hold,
-                           what=f"{waiting} calls behind the held ENQUEUE")
+                wait_until(piled_up, timeout=self.hold, what=f"{waiting} calls behind the held ENQUEUE")
             except AssertionError as exc:
                 self.error = exc
             finally:
