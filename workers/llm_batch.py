@@ -231,7 +231,6 @@ class BatchRunner:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         weight = next(model.parameters())
         self.model = model
-        self.device = weight.device
         self.cache = SlotCache(config.num_hidden_layers, config.num_key_value_heads, head_dim,
                                dtype=weight.dtype, device=weight.device)
 
@@ -250,14 +249,15 @@ class BatchRunner:
         width = max(len(prompt) for prompt in prompts)
         if width == 0:
             return []
-        pads = torch.tensor([width - len(prompt) for prompt in prompts], device=self.device)
-        ids = torch.tensor([[0] * (width - len(prompt)) + prompt for prompt in prompts], device=self.device)
-        columns = torch.arange(width, device=self.device)
+        device = self.cache.device
+        pads = torch.tensor([width - len(prompt) for prompt in prompts], device=device)
+        ids = torch.tensor([[0] * (width - len(prompt)) + prompt for prompt in prompts], device=device)
+        columns = torch.arange(width, device=device)
         positions = (columns.unsqueeze(0) - pads.unsqueeze(1)).clamp(min=0)
         causal = columns.unsqueeze(0) <= columns.unsqueeze(1)  # [query, key]
         real = columns.unsqueeze(0) >= pads.unsqueeze(1)  # [row, key]
         # A padding query attends to itself: no empty row.
-        diagonal = torch.eye(width, dtype=torch.bool, device=self.device)
+        diagonal = torch.eye(width, dtype=torch.bool, device=device)
         mask = (causal.unsqueeze(0) & real.unsqueeze(1)) | diagonal.unsqueeze(0)
         cache = PrefillCache()
         with torch.inference_mode():
@@ -269,7 +269,7 @@ class BatchRunner:
         """One decoding step: feed each live row its token; the next-token logits ``[rows, vocab]``
         (float32)."""
         positions, mask = self.cache.decode_inputs()
-        ids = torch.tensor(tokens, device=self.device).unsqueeze(1)
+        ids = torch.tensor(tokens, device=self.cache.device).unsqueeze(1)
         with torch.inference_mode():
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                              use_cache=True)
