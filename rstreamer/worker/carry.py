@@ -86,6 +86,11 @@ class Carrier:
         single connection to write a call and a read on)."""
         return isinstance(self._reads, redis.Redis)
 
+    @property
+    def carrying(self) -> bool:
+        """Whether a call waits to be sent with the next read."""
+        return self._carried is not None
+
     def carry(self, call: Carried) -> None:
         """Send ``call`` (the FINISH of the batch a worker just ran) in the same round trip as the
         next read. The caller's answer is not delayed: the read follows the batch at once. One at
@@ -132,12 +137,12 @@ class Carrier:
         carried, self._carried = self._carried, None
         return carried
 
-    def send_with(self, carried: Carried, read: list[Any]) -> tuple[Any, bool]:
-        """``carried``, then the command ``read``, written together: the read's reply (an
-        exception object when Redis answered it with an error) and whether the entries it
-        delivered are fresh (not when the call had to run again after the read). Raises the
+    def send_with(self, carried: Carried, reads: list[list[Any]]) -> tuple[list[Any], bool]:
+        """``carried``, then the commands ``reads``, written together: the reads' replies (an
+        exception object for one Redis answered with an error) and whether the entries they
+        delivered are fresh (not when the call had to run again after the reads). Raises the
         call's error (its entries and those just read are then served again, see rewind)."""
-        finished, reply = self.exchange([carried.command(), read])
+        finished, *replies = self.exchange([carried.command(), *reads])
         fresh = True
         if isinstance(finished, redis.exceptions.NoScriptError):
             # Redis lost its scripts (a restart, SCRIPT FLUSH): loaded and run again. That takes
@@ -146,7 +151,7 @@ class Carrier:
             fresh = False
         elif isinstance(finished, Exception):
             raise finished
-        return reply, fresh
+        return replies, fresh
 
     def exchange(self, commands: list[list[Any]]) -> list[Any]:
         """``commands`` written together on one connection of the reads client (see

@@ -18,7 +18,7 @@ from ..wire.groups import ensure_groups
 from ..wire.keys import Keys
 from ..wire.scripts import scripts
 from .carry import Carrier
-from .records import Entry, field_dict
+from .records import Entry, field_dict, stream_entries
 
 LevelEntry = tuple[int, Entry]
 """An entry and the priority level (stream) it was read from."""
@@ -65,6 +65,17 @@ class LevelSource(Carrier):
     saw, with READ_LEVELS written after it, which Redis runs once the wait returns. After a
     failed reply (:meth:`rewind`) this consumer's own unacked entries are served again first,
     level by level.
+
+    While one level alone has entries (a prefix with levels configured and one in use: the idle
+    lanes of issue 26), a read is that level's XREADGROUP, with an XLEN of every other level in
+    the same round trip, instead of READ_LEVELS: a script's entries pass through Lua on their way
+    out, which cost Redis 5 to 8 us an item more than the plain read (128 to 145 us for 16
+    entries on a 2-vCPU VM), a third of what it spends on an item. With the other levels empty
+    the script would take the same entries (its first pass the level's share, its second the
+    rest). One that an XLEN finds with entries was not offered its share by that read: the
+    scheduler owes it the share (deficit round robin), and the reads go through READ_LEVELS again
+    until it is found empty. Not with fair sharing (held items move to the streams as they are
+    read), nor on a client without one connection to write the commands on (Redis Cluster).
     """
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels,
@@ -81,6 +92,11 @@ class LevelSource(Carrier):
         self._read = scripts(reads or client).read_levels
         self._own_pending = scripts(client).read_own_pending
         self._cursors: list[str | None] = ["-"] * levels.count
+        # The one level that may have entries, read on its own; None: read with READ_LEVELS.
+        self._single: int | None = None
+        # Whether the next read of the single level asks for its newest entry id too (needed to
+        # wait after a read that finds nothing; not after a full read, when more most likely waits).
+        self._probe = True
         self.fresh = False
         """Whether the last fetch's entries were delivered new. Never with fair sharing: a
         withdrawal of an item moved to its stream is marked before any worker reads it (see
@@ -101,62 +117,138 @@ class LevelSource(Carrier):
             backlog = self._read_own_pending(max_items)
             if backlog:
                 return backlog
-        entries, newest = self._read_levels(max_items)
+        entries, newest = self._read_new(max_items)
         if entries or timeout <= 0 or newest is None:
             return entries
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms.
         block = max(1, int(timeout * 1000))
         if self.can_carry:
-            # The wait and the read after it in one round trip: Redis runs READ_LEVELS the moment
+            # The wait and the read after it in one round trip: Redis runs the read the moment
             # the blocked XREAD returns (a worker that finds its levels empty between two
             # batches paid three round trips for the next one; issue 26).
             wait = ["XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *self._streams, *newest]
-            entries, _ = self._read_levels(max_items, wait)
+            entries, _ = self._read_new(max_items, wait)
             return entries
         heads: dict[KeyT, StreamIdT] = dict(zip(self._streams, newest, strict=True))
         if self._client.xread(heads, count=1, block=block):
-            entries, _ = self._read_levels(max_items)
+            entries, _ = self._read_new(max_items)
         return entries
 
-    def _read_levels(self, max_items: int,
-                     wait: list[Any] | None = None) -> tuple[list[LevelEntry], list[bytes] | None]:
-        """READ_LEVELS, after the carried call if there is one, or after the blocked read
+    def _read_new(self, max_items: int,
+                  wait: list[Any] | None = None) -> tuple[list[LevelEntry], list[bytes] | None]:
+        """New entries, after the carried call if there is one, or after the blocked read
         ``wait``: the entries read, and when none came the newest entry id of each level (None
         after a read that failed)."""
-        quotas = self.scheduler.quotas(max_items)
-        args = [self._keys.group, self._consumer, max_items, int(self.levels.fair), *quotas]
-        carried = self.take()
-        # Fresh unless fair (a withdrawal of an item moved to its stream is marked before any
-        # worker reads it) or the carried call had to run again after the read.
-        fresh = not self.levels.fair
-        read = ["EVALSHA", self._read.sha, len(self._level_keys), *self._level_keys, *args]
         try:
-            if carried is not None:
-                reply, sent_fresh = self.send_with(carried, read)
-                fresh = fresh and sent_fresh
-            elif wait is not None:
-                waited, reply = self.exchange([wait, read])
-                if isinstance(waited, Exception):
-                    raise waited
-            else:
-                reply = self._read(keys=self._level_keys, args=args)
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                reply = self._read(keys=self._level_keys, args=args)  # loaded and run
-            elif isinstance(reply, Exception):
-                raise reply
+            if self._single is not None:
+                found = self._read_single(self._single, max_items, wait)
+                if found is not None:
+                    return found
+                wait = None  # the wait, if any, has returned: the levels are read at once
+            return self._read_levels(max_items, wait)
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             ensure_groups(self._client, self._keys, self.levels.count)
             return [], None
+
+    def _send(self, reads: list[list[Any]], wait: list[Any] | None) -> tuple[list[Any], bool]:
+        """``reads`` after the carried call, or after the blocked read ``wait``, or alone, in one
+        round trip: their replies, and whether the entries they delivered are fresh (see
+        :meth:`Carrier.send_with`). Raises the error of the call or the wait."""
+        carried = self.take()
+        if carried is not None:
+            return self.send_with(carried, reads)
+        if wait is not None:
+            waited, *replies = self.exchange([wait, *reads])
+            if isinstance(waited, Exception):
+                raise waited
+            return replies, True
+        return self.exchange(reads), True
+
+    def _read_single(self, level: int, max_items: int,
+                     wait: list[Any] | None) -> tuple[list[LevelEntry], list[bytes]] | None:
+        """XREADGROUP of ``level`` alone, with an XLEN of every other level (and, when the last
+        read was not full, the level's newest id first, for a wait). None when the read found
+        nothing and cannot tell the ids to wait on: another level has entries, or its newest id
+        was not asked."""
+        others = [n for n in range(self.levels.count) if n != level]
+        probe = self._probe
+        reads: list[list[Any]] = [["XLEN", self._streams[n]] for n in others]
+        if probe:
+            reads.append(["XREVRANGE", self._streams[level], "+", "-", "COUNT", 1])
+        reads.append(["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items,
+                      "STREAMS", self._streams[level], ">"])
+        replies, fresh = self._send(reads, wait)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        waiting = [int(length) > 0 for length in replies[:len(others)]]
+        taken = [(level, entry) for entry in stream_entries(replies[-1])]
+        count = len(taken)
+        first = [0] * self.levels.count
+        extra = [0] * self.levels.count
+        first[level] = min(count, self.scheduler.quotas(max_items)[level])
+        extra[level] = count - first[level]
+        emptied = [True] * self.levels.count
+        for n, busy in zip(others, waiting, strict=True):
+            emptied[n] = not busy
+        emptied[level] = count < max_items
+        self.scheduler.settle(max_items, Reading(tuple(first), tuple(extra), tuple(emptied)))
+        self._probe = count < max_items
+        if any(waiting):
+            self._single = None  # another level has entries: READ_LEVELS gives each its share
         self.fresh = fresh
+        if taken:
+            return taken, []
+        if any(waiting) or not probe:
+            return None
+        # Empty levels: an entry newer than nothing is any entry (XREAD returns what is newer).
+        newest = [b"0-0"] * self.levels.count
+        if replies[-2]:
+            newest[level] = replies[-2][0][0]
+        return [], newest
+
+    def _read_levels(self, max_items: int,
+                     wait: list[Any] | None = None) -> tuple[list[LevelEntry], list[bytes] | None]:
+        """READ_LEVELS, after the carried call if there is one, or after the blocked read
+        ``wait``: the entries read, and when none came the newest entry id of each level."""
+        quotas = self.scheduler.quotas(max_items)
+        args = [self._keys.group, self._consumer, max_items, int(self.levels.fair), *quotas]
+        read = ["EVALSHA", self._read.sha, len(self._level_keys), *self._level_keys, *args]
+        if wait is None and not self.carrying:
+            reply, fresh = self._read(keys=self._level_keys, args=args), True
+        else:
+            (reply,), fresh = self._send([read], wait)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = self._read(keys=self._level_keys, args=args)  # loaded and run
+            elif isinstance(reply, Exception):
+                raise reply
+        # Fresh unless fair (a withdrawal of an item moved to its stream is marked before any
+        # worker reads it) or the carried call had to run again after the read.
+        self.fresh = fresh and not self.levels.fair
         entries: list[LevelEntry] = []
         for level, row in enumerate(reply):
             entries += [(level, (entry_id, field_dict(flat))) for entry_id, flat in row[4:]]
         reading = Reading(tuple(int(row[0]) for row in reply), tuple(int(row[1]) for row in reply),
                           tuple(bool(int(row[2])) for row in reply))
         self.scheduler.settle(max_items, reading)
+        self._single = self._single_level(reading)
+        self._probe = True
         return entries, None if entries else [row[3] for row in reply]
+
+    def _single_level(self, reading: Reading) -> int | None:
+        """The level to read alone next, if ``reading`` found every other level empty: the one
+        that is not, else the one that gave the most (level 0 when none gave any)."""
+        if self.levels.fair or not self.can_carry:
+            return None
+        busy = [level for level, emptied in enumerate(reading.emptied) if not emptied]
+        if len(busy) > 1:
+            return None
+        if busy:
+            return busy[0]
+        taken = [first + extra for first, extra in zip(reading.first, reading.extra, strict=True)]
+        return taken.index(max(taken))
 
     def _read_own_pending(self, max_items: int) -> list[LevelEntry]:
         # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.

@@ -18,6 +18,13 @@ def field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
     return None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
 
 
+def stream_entries(reply: Any) -> list[Entry]:
+    """The entries of XREADGROUP's reply as Redis sends it: {stream: entries} in RESP3, [[stream,
+    entries]] in RESP2, None when nothing came; an entry is [id, [field, value, ...]]."""
+    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply or []]
+    return [(entry_id, field_dict(flat)) for entries in streams for entry_id, flat in entries]
+
+
 # Not frozen: one is built per item on the hot path, and a frozen dataclass's __init__ costs
 # four times a plain one's (issue 26). Treat it as immutable all the same.
 @dataclass(slots=True)

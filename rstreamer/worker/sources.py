@@ -17,7 +17,7 @@ from ..wire.keys import Keys, is_reply_token
 from ..wire.scripts import scripts
 from .carry import Carried, Carrier
 from .levelsource import LevelSource, SingleLevel
-from .records import Entry, Parsed, field_dict
+from .records import Entry, Parsed, field_dict, stream_entries
 
 
 class StreamSource(Carrier):
@@ -81,10 +81,10 @@ class StreamSource(Carrier):
     def _read_carrying(self, carried: Carried, max_items: int, block: int | None) -> tuple[list[Entry], bool]:
         """The carried call, then XREADGROUP, sent together: the entries read, and whether they are
         fresh (see :meth:`Carrier.send_with`). Raises the call's error or the read's."""
-        reply, fresh = self.send_with(carried, self._xreadgroup(max_items, block))
+        (reply,), fresh = self.send_with(carried, [self._xreadgroup(max_items, block)])
         if isinstance(reply, Exception):
             raise reply
-        return _entries(reply), fresh
+        return stream_entries(reply), fresh
 
     def _read_ahead(self, carried: Carried, max_items: int, block: int | None) -> tuple[list[Entry], bool]:
         """After a full batch: XREADGROUP without waiting, then the carried call sent behind it, to
@@ -94,7 +94,7 @@ class StreamSource(Carrier):
         if isinstance(reply, Exception):
             self.carry(carried)  # not sent: the caller's error path serves its entries again
             raise reply
-        entries = _entries(reply)
+        entries = stream_entries(reply)
         if not entries:
             return self._read_carrying(carried, max_items, block)
         self.send_ahead(carried)
@@ -119,13 +119,6 @@ class StreamSource(Carrier):
         if entries:
             self._cursor = entries[-1][0].decode()
         return entries
-
-
-def _entries(reply: Any) -> list[Entry]:
-    """The entries of XREADGROUP's reply as Redis sends it: {stream: entries} in RESP3, [[stream,
-    entries]] in RESP2, None when nothing came; an entry is [id, [field, value, ...]]."""
-    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply or []]
-    return [(entry_id, field_dict(flat)) for entries in streams for entry_id, flat in entries]
 
 
 class ParsedSource:

@@ -417,13 +417,16 @@ def test_a_level_read_sent_with_a_carried_call_after_a_script_flush_runs_both(re
     ensure_groups(redis_client, keys, 3)
     source = LevelSource(redis_client, keys, "reader", Levels(weights=(4, 2, 1)))
     assert source.fetch(10, timeout=0) == []  # its own backlog read: none (a carried call runs before that)
+    # Two levels with entries: the reads go through READ_LEVELS (one level alone is read without it).
     redis_client.xadd(keys.requests_at(1), {"p": b"x"})
+    redis_client.xadd(keys.requests_at(2), {"p": b"x"})
+    assert [level for level, _ in source.fetch(1, timeout=0)] == [1]
     marker = f"{prefix}:carried"
     source.carry(Carried(redis_client.register_script("return redis.call('SET', KEYS[1], ARGV[1])"),
                          keys=[marker], args=["ran"]))
     redis_client.script_flush()
     entries = source.fetch(10, timeout=0)
-    assert [level for level, _ in entries] == [1]
+    assert [level for level, _ in entries] == [2]
     assert redis_client.get(marker) == b"ran"
     assert source.fresh is False
     redis_client.xadd(keys.requests_at(0), {"p": b"y"})
