@@ -5,7 +5,11 @@ redis-server. For a lone caller (one call at a time) and for ``--callers`` concu
 measures, per item answered: the CPU of the client process (this one: its callers and I/O
 threads), of the worker process tree and of Redis (INFO cpu), and the Redis commands Redis ran
 (INFO commandstats: a script's inner calls are counted there, besides its EVALSHA), and the
-client's context switches (getrusage). Beside them, the *thread floor*: the same callers parking
+client's context switches (getrusage). Beside the lone caller, the *round trip floor*: the same
+lone calls written by hand (XADD and BLPOP from this process; XREADGROUP, then RPUSH, PEXPIRE, XACK
+and XDEL in one pipeline from a worker process of a few lines), no scripts, no checks, no
+rstreamer: what Redis spends on such a round trip on this machine, below which no broker of
+this shape goes. Beside the load, the *thread floor*: the same callers parking
 on a lock each until one thread answers them in groups, with no Redis and no rstreamer, which is
 what any thread-per-caller client pays on this machine before doing anything. Then the same load
 from ``--callers`` asyncio tasks of an ``AsyncRedisStreamer`` in one event loop (the client of
@@ -159,6 +163,54 @@ def lone(streamer: RedisStreamer, meter: Meter, calls: int, name: str) -> Row:
         latencies.append(time.perf_counter() - t0)
     seconds = time.perf_counter() - started
     row = fill(Row(name), before, meter.sample(), calls, seconds)
+    row.p50_ms, row.p99_ms = _ms(percentile(latencies, 0.5)), _ms(percentile(latencies, 0.99))
+    return row
+
+
+FLOOR_WORKER = """
+import sys, redis
+client, stream = redis.Redis.from_url(sys.argv[1]), sys.argv[2]
+while True:
+    for _, entries in client.xreadgroup("g", "w", {stream: ">"}, count=32, block=1000) or []:
+        pipe = client.pipeline(transaction=False)
+        for _, fields in entries:
+            pipe.rpush(fields[b"r"], fields[b"p"])
+            pipe.pexpire(fields[b"r"], 30000)
+        ids = [entry_id for entry_id, _ in entries]
+        pipe.xack(stream, "g", *ids)
+        pipe.xdel(stream, *ids)
+        pipe.execute()
+"""
+"""The round trip floor's worker: reads, answers each entry to its reply key, acks and deletes."""
+
+
+def round_trip_floor(url: str, probe: redis.Redis, calls: int) -> Row:
+    """``calls`` lone round trips written by hand (see the module's docstring): Redis's CPU and
+    commands per item, and the latencies, for the lone caller's row to be read against."""
+    stream, reply = f"floor-{uuid.uuid4().hex[:6]}", f"floor-reply-{uuid.uuid4().hex[:6]}"
+    probe.xgroup_create(stream, "g", "0", mkstream=True)
+    process = subprocess.Popen([sys.executable, "-c", FLOOR_WORKER, url, stream], start_new_session=True)
+    try:
+        meter = Meter(probe, process.pid)
+
+        def call(n: int) -> None:
+            probe.xadd(stream, {"r": reply, "p": f"item {n}"})
+            if probe.blpop([reply], timeout=20) is None:
+                raise RuntimeError("the round trip floor's worker did not answer within 20 s")
+
+        for n in range(20):  # warm: the worker's import and connection
+            call(n)
+        latencies = []
+        before, started = meter.sample(), time.perf_counter()
+        for n in range(calls):
+            t0 = time.perf_counter()
+            call(n)
+            latencies.append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - started
+        row = fill(Row("round trip floor"), before, meter.sample(), calls, seconds)
+    finally:
+        stop_group(process, grace=5)
+        probe.delete(stream, reply)
     row.p50_ms, row.p99_ms = _ms(percentile(latencies, 0.5)), _ms(percentile(latencies, 0.99))
     return row
 
@@ -385,6 +437,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         streamer = stack.enter_context(RedisStreamer(url, bare))
         meter = Meter(probe, pid)
         rows.append(lone(streamer, meter, args.lone_calls, "lone caller"))
+        rows.append(round_trip_floor(url, probe, args.lone_calls))
         rows.append(load(streamer, meter, args.callers, args.duration, f"{args.callers} callers"))
         rows.append(thread_floor(args.callers, args.duration))
         rows.append(async_load(url, bare, meter, args.callers, args.duration, f"{args.callers} tasks (asyncio)"))

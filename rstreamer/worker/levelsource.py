@@ -94,9 +94,7 @@ class LevelSource(Carrier):
         self._cursors: list[str | None] = ["-"] * levels.count
         # The one level that may have entries, read on its own; None: read with READ_LEVELS.
         self._single: int | None = None
-        # Whether the next read of the single level asks for its newest entry id too (needed to
-        # wait after a read that finds nothing; not after a full read, when more most likely waits).
-        self._probe = True
+        self._last_single = 0  # the level read alone last (a read that finds nothing keeps it)
         self.fresh = False
         """Whether the last fetch's entries were delivered new. Never with fair sharing: a
         withdrawal of an item moved to its stream is marked before any worker reads it (see
@@ -168,23 +166,21 @@ class LevelSource(Carrier):
 
     def _read_single(self, level: int, max_items: int,
                      wait: list[Any] | None) -> tuple[list[LevelEntry], list[bytes]] | None:
-        """XREADGROUP of ``level`` alone, with an XLEN of every other level (and, when the last
-        read was not full, the level's newest id first, for a wait). None when the read found
-        nothing and cannot tell the ids to wait on: another level has entries, or its newest id
-        was not asked."""
+        """XREADGROUP of ``level`` alone, with an XLEN of every other level first. None when it
+        found nothing: READ_LEVELS then reads every level (and tells the ids a wait starts from,
+        without sending the newest entry itself, which may be an image, to the worker)."""
         others = [n for n in range(self.levels.count) if n != level]
-        probe = self._probe
         reads: list[list[Any]] = [["XLEN", self._streams[n]] for n in others]
-        if probe:
-            reads.append(["XREVRANGE", self._streams[level], "+", "-", "COUNT", 1])
         reads.append(["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items,
                       "STREAMS", self._streams[level], ">"])
         replies, fresh = self._send(reads, wait)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-        waiting = [int(length) > 0 for length in replies[:len(others)]]
         taken = [(level, entry) for entry in stream_entries(replies[-1])]
+        if not taken:
+            return None
+        waiting = [int(length) > 0 for length in replies[:-1]]
         count = len(taken)
         first = [0] * self.levels.count
         extra = [0] * self.levels.count
@@ -195,19 +191,10 @@ class LevelSource(Carrier):
             emptied[n] = not busy
         emptied[level] = count < max_items
         self.scheduler.settle(max_items, Reading(tuple(first), tuple(extra), tuple(emptied)))
-        self._probe = count < max_items
         if any(waiting):
             self._single = None  # another level has entries: READ_LEVELS gives each its share
         self.fresh = fresh
-        if taken:
-            return taken, []
-        if any(waiting) or not probe:
-            return None
-        # Empty levels: an entry newer than nothing is any entry (XREAD returns what is newer).
-        newest = [b"0-0"] * self.levels.count
-        if replies[-2]:
-            newest[level] = replies[-2][0][0]
-        return [], newest
+        return taken, []
 
     def _read_levels(self, max_items: int,
                      wait: list[Any] | None = None) -> tuple[list[LevelEntry], list[bytes] | None]:
@@ -234,21 +221,22 @@ class LevelSource(Carrier):
                           tuple(bool(int(row[2])) for row in reply))
         self.scheduler.settle(max_items, reading)
         self._single = self._single_level(reading)
-        self._probe = True
         return entries, None if entries else [row[3] for row in reply]
 
     def _single_level(self, reading: Reading) -> int | None:
         """The level to read alone next, if ``reading`` found every other level empty: the one
-        that is not, else the one that gave the most (level 0 when none gave any)."""
+        that is not, else the one that gave the most, else the one read alone before."""
         if self.levels.fair or not self.can_carry:
             return None
         busy = [level for level, emptied in enumerate(reading.emptied) if not emptied]
         if len(busy) > 1:
             return None
-        if busy:
-            return busy[0]
         taken = [first + extra for first, extra in zip(reading.first, reading.extra, strict=True)]
-        return taken.index(max(taken))
+        if busy:
+            self._last_single = busy[0]
+        elif any(taken):
+            self._last_single = taken.index(max(taken))
+        return self._last_single
 
     def _read_own_pending(self, max_items: int) -> list[LevelEntry]:
         # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.

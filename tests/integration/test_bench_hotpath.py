@@ -17,7 +17,7 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
             "--ab-seconds", "0.5", "--output", str(tmp_path)]
     assert bench.main(argv) == 0
     report = json.loads((tmp_path / "bench-hotpath.json").read_text())
-    lone, loaded, floor, tasks = report["rows"]
+    lone, trip, loaded, floor, tasks = report["rows"]
     assert lone["items"] == 200 and loaded["items"] > 0 and tasks["items"] > 0
     assert tasks["name"] == "8 tasks (asyncio)"
     for row in (lone, loaded, tasks):
@@ -29,6 +29,14 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
         in_flight = 0 if row is lone else 8
         assert row["by_command"]["xadd"] * row["items"] >= row["items"] - in_flight
         assert "info" not in row["by_command"]
+    # The round trip floor: the lone calls by hand, seven plain commands each (XREADGROUP, XACK
+    # and XDEL per read: one per item here), no script. (The bare prefix's worker is alive
+    # meanwhile: its heartbeats add a few commands.)
+    assert trip["name"] == "round trip floor" and trip["items"] == 200 and trip["redis_us"] > 0
+    for command in ("xadd", "blpop", "rpush", "pexpire"):
+        assert 1 <= trip["by_command"][command] < 1.1, trip["by_command"]
+    assert trip["by_command"].get("evalsha", 0) < 0.1 and 5 < trip["commands"] < 7.5
+    assert 0 < trip["p50_ms"] <= trip["p99_ms"]
     # The thread floor: the same callers answered by a thread, no Redis: CPU and switches, no command.
     assert floor["name"] == "thread floor" and floor["items"] > 0
     assert floor["client_us"] > 0 and floor["switches"] > 0 and floor["by_command"] == {}
