@@ -66,16 +66,19 @@ class LevelSource(Carrier):
     failed reply (:meth:`rewind`) this consumer's own unacked entries are served again first,
     level by level.
 
-    While one level alone has entries (a prefix with levels configured and one in use: the idle
-    lanes of issue 26), a read is that level's XREADGROUP, with an XLEN of every other level in
-    the same round trip, instead of READ_LEVELS: a script's entries pass through Lua on their way
-    out, which cost Redis 5 to 8 us an item more than the plain read (128 to 145 us for 16
-    entries on a 2-vCPU VM), a third of what it spends on an item. With the other levels empty
-    the script would take the same entries (its first pass the level's share, its second the
-    rest). One that an XLEN finds with entries was not offered its share by that read: the
-    scheduler owes it the share (deficit round robin), and the reads go through READ_LEVELS again
-    until it is found empty. Not with fair sharing (held items move to the streams as they are
-    read), nor on a client without one connection to write the commands on (Redis Cluster).
+    While the most urgent level alone has entries (a prefix with levels configured and calls at
+    the default level: the idle lanes of issue 26), a read is level 0's XREADGROUP, with the
+    undelivered entries of every other level counted in the same round trip (XPENDING's count
+    and XLEN: an entry leaves its stream when it is acked), instead of READ_LEVELS: a script's
+    entries pass through Lua on their way out, which cost Redis 5 to 8 us an item more than the
+    plain read (128 to 145 us for 16 entries on a 2-vCPU VM), a third of what it spends on an
+    item. With the other levels empty the script would take the same entries (its first pass the
+    level's share, its second the rest). A less urgent level found with entries was not offered
+    its share by that read: the scheduler owes it the share (deficit round robin), and the reads
+    go through READ_LEVELS again until it is found empty. Only level 0: read alone, a less urgent
+    level's read would take a whole batch before an urgent item that just came. Not with fair
+    sharing (held items move to the streams as they are read), nor on a client without one
+    connection to write the commands on (Redis Cluster).
     """
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels,
@@ -92,9 +95,8 @@ class LevelSource(Carrier):
         self._read = scripts(reads or client).read_levels
         self._own_pending = scripts(client).read_own_pending
         self._cursors: list[str | None] = ["-"] * levels.count
-        # The one level that may have entries, read on its own; None: read with READ_LEVELS.
-        self._single: int | None = None
-        self._last_single = 0  # the level read alone last (a read that finds nothing keeps it)
+        # Whether level 0 alone may have entries, and is read on its own (else READ_LEVELS).
+        self._single = False
         self.fresh = False
         """Whether the last fetch's entries were delivered new. Never with fair sharing: a
         withdrawal of an item moved to its stream is marked before any worker reads it (see
@@ -138,8 +140,8 @@ class LevelSource(Carrier):
         ``wait``: the entries read, and when none came the newest entry id of each level (None
         after a read that failed)."""
         try:
-            if self._single is not None:
-                found = self._read_single(self._single, max_items, wait)
+            if self._single and max_items > 0:
+                found = self._read_single(max_items, wait)
                 if found is not None:
                     return found
                 wait = None  # the wait, if any, has returned: the levels are read at once
@@ -164,35 +166,36 @@ class LevelSource(Carrier):
             return replies, True
         return self.exchange(reads), True
 
-    def _read_single(self, level: int, max_items: int,
+    def _read_single(self, max_items: int,
                      wait: list[Any] | None) -> tuple[list[LevelEntry], list[bytes]] | None:
-        """XREADGROUP of ``level`` alone, with an XLEN of every other level first. None when it
-        found nothing: READ_LEVELS then reads every level (and tells the ids a wait starts from,
-        without sending the newest entry itself, which may be an image, to the worker)."""
-        others = [n for n in range(self.levels.count) if n != level]
-        reads: list[list[Any]] = [["XLEN", self._streams[n]] for n in others]
+        """XREADGROUP of level 0 alone, after counting the undelivered entries of every other
+        level. None when it found nothing: READ_LEVELS then reads every level (and tells the ids a
+        wait starts from, without sending the newest entry itself, which may be an image, to the
+        worker)."""
+        others = range(1, self.levels.count)
+        reads: list[list[Any]] = []
+        for level in others:  # pending first: an entry delivered between the two counts as waiting
+            reads += [["XPENDING", self._streams[level], self._keys.group], ["XLEN", self._streams[level]]]
         reads.append(["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items,
-                      "STREAMS", self._streams[level], ">"])
+                      "STREAMS", self._streams[0], ">"])
         replies, fresh = self._send(reads, wait)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-        taken = [(level, entry) for entry in stream_entries(replies[-1])]
+        taken = [(0, entry) for entry in stream_entries(replies[-1])]
         if not taken:
             return None
-        waiting = [int(length) > 0 for length in replies[:-1]]
+        # XPENDING's summary: [count, smallest id, greatest id, consumers].
+        waiting = [int(replies[2 * n + 1]) > int(replies[2 * n][0]) for n in range(len(others))]
         count = len(taken)
         first = [0] * self.levels.count
         extra = [0] * self.levels.count
-        first[level] = min(count, self.scheduler.quotas(max_items)[level])
-        extra[level] = count - first[level]
-        emptied = [True] * self.levels.count
-        for n, busy in zip(others, waiting, strict=True):
-            emptied[n] = not busy
-        emptied[level] = count < max_items
-        self.scheduler.settle(max_items, Reading(tuple(first), tuple(extra), tuple(emptied)))
+        first[0] = min(count, self.scheduler.quotas(max_items)[0])
+        extra[0] = count - first[0]
+        emptied = (count < max_items, *(not busy for busy in waiting))
+        self.scheduler.settle(max_items, Reading(tuple(first), tuple(extra), emptied))
         if any(waiting):
-            self._single = None  # another level has entries: READ_LEVELS gives each its share
+            self._single = False  # another level has entries: READ_LEVELS gives each its share
         self.fresh = fresh
         return taken, []
 
@@ -223,20 +226,11 @@ class LevelSource(Carrier):
         self._single = self._single_level(reading)
         return entries, None if entries else [row[3] for row in reply]
 
-    def _single_level(self, reading: Reading) -> int | None:
-        """The level to read alone next, if ``reading`` found every other level empty: the one
-        that is not, else the one that gave the most, else the one read alone before."""
+    def _single_level(self, reading: Reading) -> bool:
+        """Whether ``reading`` found every level but level 0 empty (see the class's docstring)."""
         if self.levels.fair or not self.can_carry:
-            return None
-        busy = [level for level, emptied in enumerate(reading.emptied) if not emptied]
-        if len(busy) > 1:
-            return None
-        taken = [first + extra for first, extra in zip(reading.first, reading.extra, strict=True)]
-        if busy:
-            self._last_single = busy[0]
-        elif any(taken):
-            self._last_single = taken.index(max(taken))
-        return self._last_single
+            return False
+        return all(reading.emptied[1:])
 
     def _read_own_pending(self, max_items: int) -> list[LevelEntry]:
         # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.

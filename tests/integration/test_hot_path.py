@@ -160,9 +160,9 @@ def test_a_worker_sends_each_batch_finish_with_its_next_read(private_url, settin
         if not settings:
             return command[0] == "XREADGROUP"
         if "priorities" in settings:
-            # Calls at level 0 alone: that level is read on its own, the others' XLEN first
-            # (LevelSource._read_single), not through READ_LEVELS.
-            return command[:2] == ["XLEN", Keys("carried").requests_at(1)]
+            # Calls at level 0 alone: that level is read on its own, the others' undelivered
+            # entries counted first (LevelSource._read_single), not through READ_LEVELS.
+            return command[:2] == ["XPENDING", Keys("carried").requests_at(1)]
         return command[:2] == ["EVALSHA", *reads]
 
     for n in finished:

@@ -1,26 +1,46 @@
-"""A worker's reads of priority levels when one level alone has entries (issue 26): that level is
-read with a plain XREADGROUP and the others probed with XLEN, not through READ_LEVELS, whose
-entries pass through Lua; and nothing the script guaranteed is lost on the way (the other levels'
-shares, the wait on every level, fresh deliveries, a Redis that lost its scripts)."""
+"""A worker's reads of priority levels when the most urgent level alone has entries (issue 26):
+level 0 is read with a plain XREADGROUP and the others' undelivered entries counted (XPENDING and
+XLEN), not through READ_LEVELS, whose entries pass through Lua; and nothing the script guaranteed
+is lost on the way (the other levels' shares, an urgent item's next batch, the wait on every
+level, fresh deliveries, a Redis that lost its scripts or a stream)."""
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
+import pytest
 import redis
 
 from rstreamer.batching.priority import Levels
+from rstreamer.broker.embedded import EmbeddedRedis
 from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
 from rstreamer.worker.carry import Carried
 from rstreamer.worker.levelsource import LevelSource
+from support.polling import wait_until
 
 WEIGHTS = (4, 2, 1)
 
 
-def _source(client: redis.Redis, keys: Keys, consumer: str = "reader") -> LevelSource:
-    ensure_groups(client, keys, len(WEIGHTS))
-    source = LevelSource(client, keys, consumer, Levels(weights=WEIGHTS))
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedRedis]:
+    # A Redis of this module's own: the tests count the scripts it runs.
+    with EmbeddedRedis() as embedded:
+        yield embedded
+
+
+@pytest.fixture
+def client(server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    connection = redis.Redis.from_url(server.url)
+    yield connection
+    connection.flushall()
+    connection.close()
+
+
+def _source(client: redis.Redis, keys: Keys, weights: tuple[int, ...] = WEIGHTS) -> LevelSource:
+    ensure_groups(client, keys, len(weights))
+    source = LevelSource(client, keys, "reader", Levels(weights=weights))
     assert source.fetch(10, timeout=0) == []  # its own backlog (none), then the levels: all empty
     return source
 
@@ -33,83 +53,115 @@ def _scripts_run(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-def test_one_busy_level_is_read_in_order_without_the_script(redis_client, prefix):
-    keys = Keys(prefix)
-    source = _source(redis_client, keys)
-    ids = _add(redis_client, keys, 0, 35)
-    before = _scripts_run(redis_client)
+def test_level_0_alone_is_read_in_order_without_the_script(client):
+    keys = Keys("alone")
+    source = _source(client, keys)
+    ids = _add(client, keys, 0, 35)
+    before = _scripts_run(client)
     read = [source.fetch(10, timeout=0) for _ in range(4)]
     assert [len(entries) for entries in read] == [10, 10, 10, 5]
     assert [entry_id for entries in read for _, (entry_id, _) in entries] == ids
     assert {level for entries in read for level, _ in entries} == {0}
     assert all(fields is not None and fields[b"n"] for entries in read for _, (_, fields) in entries)
-    assert _scripts_run(redis_client) == before  # no READ_LEVELS for any of them
+    assert _scripts_run(client) == before  # no READ_LEVELS for any of them
     assert source.fresh is True
 
 
-def test_a_level_that_gets_entries_while_another_is_read_alone_gets_its_share_next(redis_client, prefix):
+def test_a_level_that_gets_entries_while_level_0_is_read_alone_gets_its_share_next(client):
     # Level 2 (weight 1 of 7) gets entries after a read of level 0 alone: that read did not offer
     # it its share, so the next read owes it two (deficit round robin), and READ_LEVELS reads
     # both levels again until level 2 is empty.
-    keys = Keys(prefix)
-    source = _source(redis_client, keys)
-    _add(redis_client, keys, 0, 100)
+    keys = Keys("share")
+    source = _source(client, keys)
+    _add(client, keys, 0, 100)
     assert {level for level, _ in source.fetch(10, timeout=0)} == {0}
-    late = _add(redis_client, keys, 2, 3)
+    late = _add(client, keys, 2, 3)
     assert {level for level, _ in source.fetch(10, timeout=0)} == {0}  # read alone: no share yet
-    before = _scripts_run(redis_client)
+    before = _scripts_run(client)
     levels = [level for level, _ in source.fetch(10, timeout=0)]
     assert levels.count(2) == 2, levels  # one share owed, one of this read: floor(2 * 10/7)
-    assert _scripts_run(redis_client) == before + 1
+    assert _scripts_run(client) == before + 1
     rest = source.fetch(10, timeout=0)
     assert [entry_id for level, (entry_id, _) in rest if level == 2] == late[2:]
     # Level 2 found empty again: level 0 is read alone.
-    before = _scripts_run(redis_client)
+    before = _scripts_run(client)
     assert {level for level, _ in source.fetch(10, timeout=0)} == {0}
-    assert _scripts_run(redis_client) == before
+    assert _scripts_run(client) == before
 
 
-def test_a_wait_after_a_single_level_read_ends_on_an_entry_of_any_level(redis_client, prefix):
-    keys = Keys(prefix)
-    source = _source(redis_client, keys)
-    _add(redis_client, keys, 0, 2)
+def test_an_urgent_item_comes_in_the_next_read_while_a_less_urgent_level_alone_is_busy(client):
+    # Bulk work alone (level 1) is read through READ_LEVELS: read alone, it would fill the next
+    # batch before an urgent item that just came.
+    keys = Keys("urgent")
+    source = _source(client, keys, weights=(8, 1))
+    _add(client, keys, 1, 100)
+    for _ in range(2):
+        assert {level for level, _ in source.fetch(8, timeout=0)} == {1}
+    (urgent,) = _add(client, keys, 0, 1)
+    first_level, (first_id, _) = source.fetch(8, timeout=0)[0]
+    assert (first_level, first_id) == (0, urgent)
+
+
+def test_entries_another_worker_holds_on_a_less_urgent_level_do_not_count_as_waiting(client):
+    # Delivered to another consumer and not acked yet, a level-2 entry is still in its stream
+    # (XLEN counts it) but nothing waits there: level 0 goes on being read alone.
+    keys = Keys("held")
+    source = _source(client, keys)
+    _add(client, keys, 2, 1)
+    assert client.xreadgroup(keys.group, "other", {keys.requests_at(2): ">"}, count=1)
+    _add(client, keys, 0, 40)
+    assert len(source.fetch(10, timeout=0)) == 10  # READ_LEVELS: level 2 found empty
+    before = _scripts_run(client)
+    for _ in range(3):
+        assert {level for level, _ in source.fetch(10, timeout=0)} == {0}
+    assert _scripts_run(client) == before
+
+
+def test_a_wait_after_level_0_was_read_alone_ends_on_an_entry_of_any_level(client):
+    keys = Keys("wait")
+    source = _source(client, keys)
+    _add(client, keys, 0, 2)
     assert len(source.fetch(10, timeout=0)) == 2
     # Another consumer holds an entry of level 0 unacked: the wait is for an entry newer than it.
-    _add(redis_client, keys, 0, 1)
-    assert redis_client.xreadgroup(keys.group, "other", {keys.requests: ">"}, count=1)
+    _add(client, keys, 0, 1)
+    assert client.xreadgroup(keys.group, "other", {keys.requests: ">"}, count=1)
     for level in (2, 0, 1):
+        blocked = int(client.info("clients")["blocked_clients"])
         got: list = []
         waiting = threading.Thread(target=lambda into=got: into.append(source.fetch(10, timeout=10)))
         started = time.monotonic()
         waiting.start()
-        (added,) = _add(redis_client, keys, level, 1)
+        wait_until(lambda since=blocked: int(client.info("clients")["blocked_clients"]) > since, timeout=5,
+                   what="the source blocked waiting for an entry")
+        (added,) = _add(client, keys, level, 1)
         waiting.join(15)
         assert not waiting.is_alive()
         assert got == [[(level, (added, {b"n": b"0"}))]]
         assert time.monotonic() - started < 5  # the entry ended the wait, not its 10 s
 
 
-def test_a_single_level_read_sent_with_a_carried_call_after_a_script_flush_runs_both(redis_client, prefix):
+def test_a_single_level_read_sent_with_a_carried_call_after_a_script_flush_runs_both(client):
     # The carried call meets NOSCRIPT (a Redis restarted between a batch and the next read): it is
     # loaded and run, and the entries read in the same round trip are not counted as fresh.
-    keys = Keys(prefix)
-    source = _source(redis_client, keys)
-    (added,) = _add(redis_client, keys, 0, 1)
-    marker = f"{prefix}:carried"
-    source.carry(Carried(redis_client.register_script("return redis.call('SET', KEYS[1], ARGV[1])"),
+    keys = Keys("noscript")
+    source = _source(client, keys)
+    (added,) = _add(client, keys, 0, 1)
+    marker = "noscript:carried"
+    source.carry(Carried(client.register_script("return redis.call('SET', KEYS[1], ARGV[1])"),
                          keys=[marker], args=["ran"]))
-    redis_client.script_flush()
+    client.script_flush()
     assert source.fetch(10, timeout=0) == [(0, (added, {b"n": b"0"}))]
-    assert redis_client.get(marker) == b"ran"
+    assert client.get(marker) == b"ran"
     assert source.fresh is False
-    _add(redis_client, keys, 0, 1)
+    _add(client, keys, 0, 1)
     assert len(source.fetch(10, timeout=0)) == 1 and source.fresh is True
 
 
-def test_a_single_level_whose_group_is_gone_gets_it_back(redis_client, prefix):
-    keys = Keys(prefix)
-    source = _source(redis_client, keys)
-    redis_client.delete(keys.requests)  # the stream and its group (a FLUSHALL, a mistaken DEL)
+@pytest.mark.parametrize("gone", [0, 2], ids=["level 0", "level 2"])
+def test_a_stream_deleted_under_a_single_level_read_gets_its_group_back(client, gone):
+    keys = Keys(f"gone{gone}")
+    source = _source(client, keys)
+    client.delete(keys.requests_at(gone))  # the stream and its group (a FLUSHALL, a mistaken DEL)
     assert source.fetch(10, timeout=0) == []
-    (added,) = _add(redis_client, keys, 0, 1)
-    assert [entry_id for _, (entry_id, _) in source.fetch(10, timeout=0)] == [added]
+    added = [_add(client, keys, level, 1)[0] for level in (0, gone)]
+    assert sorted(entry_id for _, (entry_id, _) in source.fetch(10, timeout=0)) == sorted(set(added))
