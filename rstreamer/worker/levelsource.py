@@ -97,6 +97,8 @@ class LevelSource(Carrier):
         self._cursors: list[str | None] = ["-"] * levels.count
         # Whether level 0 alone may have entries, and is read on its own (else READ_LEVELS).
         self._single = False
+        # Whether the last wait ended without entries for this consumer (see _read_single).
+        self._woke_empty = False
         self.fresh = False
         """Whether the last fetch's entries were delivered new. Never with fair sharing: a
         withdrawal of an item moved to its stream is marked before any worker reads it (see
@@ -128,6 +130,7 @@ class LevelSource(Carrier):
             # batches paid three round trips for the next one; issue 26).
             wait = ["XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *self._streams, *newest]
             entries, _ = self._read_new(max_items, wait)
+            self._woke_empty = not entries
             return entries
         heads: dict[KeyT, StreamIdT] = dict(zip(self._streams, newest, strict=True))
         if self._client.xread(heads, count=1, block=block):
@@ -169,24 +172,36 @@ class LevelSource(Carrier):
     def _read_single(self, max_items: int,
                      wait: list[Any] | None) -> tuple[list[LevelEntry], list[bytes]] | None:
         """XREADGROUP of level 0 alone, after counting the undelivered entries of every other
-        level. None when it found nothing: READ_LEVELS then reads every level (and tells the ids a
-        wait starts from, without sending the newest entry itself, which may be an image, to the
-        worker)."""
+        level (XPENDING's count and XLEN), then XPENDING of level 0: when nothing came, the ids
+        a wait starts from are the newest pending entry of each level. An acked entry leaves its
+        stream at once (FINISH acks and deletes together), so an entry of a level newer than its
+        newest pending one, once nothing waits undelivered, is one that came after: what a wait
+        must wake for, as from READ_LEVELS's newest ids, without the script. None when the read
+        found nothing and another level has entries, or the last wait ended without entries for
+        this consumer (an entry acked by hand and left in its stream would end every wait at
+        once): READ_LEVELS then reads every level and gives the newest ids themselves."""
         others = range(1, self.levels.count)
         reads: list[list[Any]] = []
         for level in others:  # pending first: an entry delivered between the two counts as waiting
             reads += [["XPENDING", self._streams[level], self._keys.group], ["XLEN", self._streams[level]]]
         reads.append(["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items,
                       "STREAMS", self._streams[0], ">"])
+        reads.append(["XPENDING", self._streams[0], self._keys.group])
         replies, fresh = self._send(reads, wait)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-        taken = [(0, entry) for entry in stream_entries(replies[-1])]
-        if not taken:
-            return None
+        read, own = replies[-2], replies[-1]
         # XPENDING's summary: [count, smallest id, greatest id, consumers].
-        waiting = [int(replies[2 * n + 1]) > int(replies[2 * n][0]) for n in range(len(others))]
+        pending = [own, *replies[:-2:2]]
+        waiting = [int(length) > int(summary[0]) for length, summary in zip(replies[1:-2:2], pending[1:], strict=True)]
+        taken = [(0, entry) for entry in stream_entries(read)]
+        if not taken:
+            if any(waiting):
+                self._single = False
+            if any(waiting) or self._woke_empty:
+                return None
+            return [], [summary[2] if int(summary[0]) else b"0-0" for summary in pending]
         count = len(taken)
         first = [0] * self.levels.count
         extra = [0] * self.levels.count
@@ -224,6 +239,7 @@ class LevelSource(Carrier):
                           tuple(bool(int(row[2])) for row in reply))
         self.scheduler.settle(max_items, reading)
         self._single = self._single_level(reading)
+        self._woke_empty = False  # the ids it gives are the newest entries themselves
         return entries, None if entries else [row[3] for row in reply]
 
     def _single_level(self, reading: Reading) -> bool:

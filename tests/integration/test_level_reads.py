@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -126,18 +126,10 @@ def test_a_wait_after_level_0_was_read_alone_ends_on_an_entry_of_any_level(clien
     _add(client, keys, 0, 1)
     assert client.xreadgroup(keys.group, "other", {keys.requests: ">"}, count=1)
     for level in (2, 0, 1):
-        blocked = int(client.info("clients")["blocked_clients"])
-        got: list = []
-        waiting = threading.Thread(target=lambda into=got: into.append(source.fetch(10, timeout=10)))
-        started = time.monotonic()
-        waiting.start()
-        wait_until(lambda since=blocked: int(client.info("clients")["blocked_clients"]) > since, timeout=5,
-                   what="the source blocked waiting for an entry")
-        (added,) = _add(client, keys, level, 1)
-        waiting.join(15)
-        assert not waiting.is_alive()
-        assert got == [[(level, (added, {b"n": b"0"}))]]
-        assert time.monotonic() - started < 5  # the entry ended the wait, not its 10 s
+        added: list[bytes] = []
+        got, took = _wait_for(source, client, lambda into=added, at=level: into.extend(_add(client, keys, at, 1)))
+        assert got == [(level, (added[0], {b"n": b"0"}))]
+        assert took < 5  # the entry ended the wait, not its 10 s
 
 
 def test_a_single_level_read_sent_with_a_carried_call_after_a_script_flush_runs_both(client):
@@ -165,3 +157,52 @@ def test_a_stream_deleted_under_a_single_level_read_gets_its_group_back(client, 
     assert source.fetch(10, timeout=0) == []
     added = [_add(client, keys, level, 1)[0] for level in (0, gone)]
     assert sorted(entry_id for _, (entry_id, _) in source.fetch(10, timeout=0)) == sorted(set(added))
+
+
+def _wait_for(source: LevelSource, client: redis.Redis, add: Callable[[], object]) -> tuple[list, float]:
+    """``source.fetch(10, timeout=10)`` in a thread, ``add()`` once it is blocked: what the fetch
+    returned, and how long it took."""
+    blocked = int(client.info("clients")["blocked_clients"])
+    got: list = []
+    waiting = threading.Thread(target=lambda: got.append(source.fetch(10, timeout=10)))
+    started = time.monotonic()
+    waiting.start()
+    wait_until(lambda: int(client.info("clients")["blocked_clients"]) > blocked, timeout=5,
+               what="the source blocked waiting for an entry")
+    add()
+    waiting.join(15)
+    assert not waiting.is_alive()
+    return got[0], time.monotonic() - started
+
+
+def test_between_calls_at_level_0_a_worker_waits_and_reads_without_the_script(client):
+    # A lone caller at level 0: after each batch the read finds nothing and the worker waits;
+    # the ids it waits from are the newest pending entries (XPENDING), not READ_LEVELS's.
+    keys = Keys("lone")
+    source = _source(client, keys)
+    _add(client, keys, 0, 1)
+    assert len(source.fetch(10, timeout=0)) == 1  # READ_LEVELS once: level 0 alone from here
+    before = _scripts_run(client)
+    for _ in range(3):
+        added: list[bytes] = []
+        got, took = _wait_for(source, client, lambda into=added: into.extend(_add(client, keys, 0, 1)))
+        assert got == [(0, (added[0], {b"n": b"0"}))] and took < 5
+        assert source.fetch(10, timeout=0) == []  # the read after the batch: nothing yet
+    assert _scripts_run(client) == before
+
+
+def test_an_entry_acked_by_hand_and_left_in_its_stream_does_not_make_the_worker_spin(client):
+    # An acked entry leaves its stream with its ack (FINISH); one acked by hand stays, newer than
+    # every pending entry: a wait from the newest pending id would end at once, every time. After
+    # such a wait the ids come from READ_LEVELS (the newest entries themselves): the next wait
+    # blocks.
+    keys = Keys("acked")
+    source = _source(client, keys)
+    (entry,) = _add(client, keys, 0, 1)
+    assert len(source.fetch(10, timeout=0)) == 1
+    client.xack(keys.requests, keys.group, entry)  # by hand: no XDEL
+    waits = int(client.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+    started = time.monotonic()
+    assert [source.fetch(10, timeout=0.3) for _ in range(3)] == [[], [], []]
+    assert time.monotonic() - started >= 0.55  # two of the three waits ran their 0.3 s
+    assert int(client.info("commandstats")["cmdstat_xread"]["calls"]) - waits == 3
