@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,13 +153,19 @@ def fill(row: Row, before: Sample, after: Sample, items: int, seconds: float) ->
 
 def lone(streamer: RedisStreamer, meter: Meter, calls: int, name: str) -> Row:
     """``calls`` single-item calls, one at a time."""
-    for n in range(20):  # warm: connections, scripts loaded
-        streamer.predict([f"warm {n}"], timeout=20)
+    return one_at_a_time(lambda n: streamer.predict([f"item {n}"], timeout=20), meter, calls, name)
+
+
+def one_at_a_time(call: Callable[[int], object], meter: Meter, calls: int, name: str) -> Row:
+    """``call(n)`` for n in 0 .. ``calls`` - 1, one after another, after 20 to warm up (connections,
+    scripts loaded, a worker's imports): the per item costs and the latencies."""
+    for n in range(20):
+        call(n)
     latencies = []
     before, started = meter.sample(), time.perf_counter()
     for n in range(calls):
         t0 = time.perf_counter()
-        streamer.predict([f"item {n}"], timeout=20)
+        call(n)
         latencies.append(time.perf_counter() - t0)
     seconds = time.perf_counter() - started
     row = fill(Row(name), before, meter.sample(), calls, seconds)
@@ -191,28 +197,15 @@ def round_trip_floor(url: str, probe: redis.Redis, calls: int) -> Row:
     probe.xgroup_create(stream, "g", "0", mkstream=True)
     process = subprocess.Popen([sys.executable, "-c", FLOOR_WORKER, url, stream], start_new_session=True)
     try:
-        meter = Meter(probe, process.pid)
-
         def call(n: int) -> None:
             probe.xadd(stream, {"r": reply, "p": f"item {n}"})
             if probe.blpop([reply], timeout=20) is None:
                 raise RuntimeError("the round trip floor's worker did not answer within 20 s")
 
-        for n in range(20):  # warm: the worker's import and connection
-            call(n)
-        latencies = []
-        before, started = meter.sample(), time.perf_counter()
-        for n in range(calls):
-            t0 = time.perf_counter()
-            call(n)
-            latencies.append(time.perf_counter() - t0)
-        seconds = time.perf_counter() - started
-        row = fill(Row("round trip floor"), before, meter.sample(), calls, seconds)
+        return one_at_a_time(call, Meter(probe, process.pid), calls, "round trip floor")
     finally:
         stop_group(process, grace=5)
         probe.delete(stream, reply)
-    row.p50_ms, row.p99_ms = _ms(percentile(latencies, 0.5)), _ms(percentile(latencies, 0.99))
-    return row
 
 
 def _ms(seconds: float | None) -> float | None:

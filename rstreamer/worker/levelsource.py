@@ -196,9 +196,9 @@ class LevelSource(Carrier):
         pending = [own, *replies[:-2:2]]
         waiting = [int(length) > int(summary[0]) for length, summary in zip(replies[1:-2:2], pending[1:], strict=True)]
         taken = [(0, entry) for entry in stream_entries(read)]
+        if any(waiting):
+            self._single = False  # another level has entries: READ_LEVELS gives each its share
         if not taken:
-            if any(waiting):
-                self._single = False
             if any(waiting) or self._woke_empty:
                 return None
             return [], [summary[2] if int(summary[0]) else b"0-0" for summary in pending]
@@ -209,8 +209,6 @@ class LevelSource(Carrier):
         extra[0] = count - first[0]
         emptied = (count < max_items, *(not busy for busy in waiting))
         self.scheduler.settle(max_items, Reading(tuple(first), tuple(extra), emptied))
-        if any(waiting):
-            self._single = False  # another level has entries: READ_LEVELS gives each its share
         self.fresh = fresh
         return taken, []
 
@@ -220,10 +218,10 @@ class LevelSource(Carrier):
         ``wait``: the entries read, and when none came the newest entry id of each level."""
         quotas = self.scheduler.quotas(max_items)
         args = [self._keys.group, self._consumer, max_items, int(self.levels.fair), *quotas]
-        read = ["EVALSHA", self._read.sha, len(self._level_keys), *self._level_keys, *args]
         if wait is None and not self.carrying:
             reply, fresh = self._read(keys=self._level_keys, args=args), True
         else:
+            read = ["EVALSHA", self._read.sha, len(self._level_keys), *self._level_keys, *args]
             (reply,), fresh = self._send([read], wait)
             if isinstance(reply, redis.exceptions.NoScriptError):
                 reply = self._read(keys=self._level_keys, args=args)  # loaded and run
