@@ -57,6 +57,30 @@ def test_enqueue_refuses_a_remaining_timeout_out_of_bounds_and_holds_nothing(red
     assert snapshot(redis_client, prefix) == before
 
 
+CALL_NUMBERS = [(0, "item count"), (1, "remaining timeout"), (2, r"deadline \(ms\)"), (3, "priority level"),
+                (4, "tenant number")]
+"""A call's five numbers in ENQUEUE's ARGV (their offset in the call's quintuple) and the name an
+error gives each."""
+
+
+@pytest.mark.parametrize(("offset", "what"), CALL_NUMBERS)
+@pytest.mark.parametrize("value", ["-1", "2.5", "nan", "inf", "x", ""])
+def test_enqueue_names_the_first_bad_number_of_a_call_and_holds_nothing(redis_client, prefix, offset, what, value):
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)
+    calls = [([b"\x01"], time.time() + 30, 0, None), ([b"\x02", b"\x03"], time.time() + 30, 0, None)]
+    args = enqueue_args(QueueLimits(0, 0, keys.group), "c1:0", calls, time.time())
+    args[9 + 5 + offset] = value  # the second call's numbers follow the 9 fixed arguments and the first call's
+    if (what, value) == ("priority level", "inf"):  # a level beyond those served: that call alone is refused
+        reply = scripts(redis_client).enqueue_calls(keys=enqueue_keys(keys, [0]), args=args)
+        assert reply[1:7] == [0, 0, 0, 4, 1, 0] and redis_client.xlen(keys.level_keys(0)[0]) == 1
+        return
+    before = snapshot(redis_client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"invalid {what}"):
+        scripts(redis_client).enqueue_calls(keys=enqueue_keys(keys, [0]), args=args)
+    assert snapshot(redis_client, prefix) == before  # the first call, valid, was not added either
+
+
 @pytest.mark.parametrize("ttl", TOO_LONG)
 def test_job_create_refuses_a_ttl_out_of_bounds_and_stores_no_job(redis_client, prefix, ttl):
     keys = Keys(prefix)
