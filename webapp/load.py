@@ -63,54 +63,76 @@ def encode_request(host: str, path: str, text: str, form: bool) -> bytes:
     return head.encode() + body
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    """(status, keep-alive) of the next response; its body is read and dropped."""
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
+    """(status, keep-alive, body) of the next response."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
     headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
     if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
         while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            await reader.readexactly(size + 2)
+            chunks.append((await reader.readexactly(size + 2))[:-2])
         await reader.readuntil(b"\r\n")
+        body = b"".join(chunks)
     else:
-        await reader.readexactly(int(headers.get("content-length", "0")))
-    return status, headers.get("connection", "").lower() != "close"
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers.get("connection", "").lower() != "close", body
+
+
+NO_ANSWER = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError)
+"""What :meth:`Session.send` raises when a request got no answer: refused, reset, timed out or garbled."""
+
+
+class Session:
+    """One client's keep-alive HTTP/1.1 connection to ``url``: opened on first use, and again
+    after the server closed it or a request failed (which raises one of NO_ANSWER)."""
+
+    def __init__(self, url: urllib.parse.SplitResult, timeout: float = 60.0) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def send(self, request: bytes) -> tuple[int, bytes]:
+        """Send one encoded request (:func:`encode_request`); its response's status and body."""
+        try:
+            if self._connection is None:
+                self._connection = await asyncio.open_connection(self.url.hostname, self.url.port or 80)
+            reader, writer = self._connection
+            writer.write(request)
+            status, keep_alive, body = await asyncio.wait_for(read_response(reader), self.timeout)
+        except NO_ANSWER:
+            await self.close()
+            raise
+        if not keep_alive:
+            await self.close()
+        return status, body
+
+    async def close(self) -> None:
+        """Close the connection, if one is open."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection[1].close()
+            try:
+                await connection[1].wait_closed()
+            except OSError:
+                pass  # reset by the server: closed all the same
 
 
 async def _client(url: urllib.parse.SplitResult, requests: list[bytes], left: list[int], outcome: Outcome) -> None:
-    connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    session = Session(url)
     cycle = itertools.cycle(requests)
     while left[0] > 0:
         left[0] -= 1
         started = time.perf_counter()
         try:
-            if connection is None:
-                connection = await asyncio.open_connection(url.hostname, url.port or 80)
-            reader, writer = connection
-            writer.write(next(cycle))
-            status, keep_alive = await asyncio.wait_for(read_response(reader), 60.0)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError):
+            status, _ = await session.send(next(cycle))
+        except NO_ANSWER:
             outcome.statuses[0] += 1  # no answer at all: refused, reset or timed out
-            await _close(connection)
-            connection = None
             continue
         outcome.statuses[status] += 1
         outcome.latencies.append(time.perf_counter() - started)
-        if not keep_alive:
-            await _close(connection)
-            connection = None
-    await _close(connection)
-
-
-async def _close(connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> None:
-    """Close ``connection`` (None: nothing to close)."""
-    if connection is not None:
-        connection[1].close()
-        try:
-            await connection[1].wait_closed()
-        except OSError:
-            pass  # reset by the server: closed all the same
+    await session.close()
 
 
 async def run_load(url: str, texts: list[str], requests: int, concurrency: int, form: bool = False) -> Outcome:

@@ -6,6 +6,7 @@ import asyncio
 import collections
 import json
 import threading
+import urllib.parse
 from collections.abc import Iterator
 
 import pytest
@@ -93,3 +94,26 @@ def test_processes_share_the_load_and_the_report_names_the_generators_cpu(server
     outcome = load.Outcome(statuses=collections.Counter({200: 1}), latencies=[0.1], elapsed=1.0, cpu=0.95)
     saturated = load.report([outcome], 1)
     assert saturated[-1].startswith("warning     the load generator used a full core")
+
+
+def test_a_session_returns_each_body_and_reconnects_after_the_server_closed(server):
+    url, seen = server
+    target = urllib.parse.urlsplit(url)
+
+    async def exchange() -> list[tuple[int, bytes]]:
+        session = load.Session(target)
+        answers = [await session.send(load.encode_request(target.netloc, "/predict", kind, form=False))
+                   for kind in ("length", "chunked", "close", "length")]
+        await session.close()
+        return answers
+
+    assert asyncio.run(exchange()) == [(200, b"ok"), (200, b"ok!!!"), (503, b""), (200, b"ok")]
+    assert len(seen) == 4  # the last one on a new connection: the server had closed the first
+
+
+def test_a_session_raises_when_no_answer_comes():
+    async def refused() -> None:
+        await load.Session(urllib.parse.urlsplit("http://127.0.0.1:1")).send(b"GET / HTTP/1.1\r\n\r\n")
+
+    with pytest.raises(load.NO_ANSWER):
+        asyncio.run(refused())
