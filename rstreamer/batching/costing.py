@@ -182,8 +182,11 @@ class OomGuard:
     cost_model: CostModel = CostModel.PADDED
 
     def matches(self, exc: BaseException) -> bool:
-        """True if ``exc`` is an out-of-memory error."""
-        return bool(self.errors) and isinstance(exc, self.errors)
+        """True if ``exc`` is an out-of-memory error: one of ``errors``, or torch's if torch is
+        loaded now. A model may import torch only when it first predicts, after this guard was
+        made: its out-of-memory errors were then taken for the items' own failures, so an item
+        too big for any batch did not fail alone and no cap was learned (seen on an H100)."""
+        return isinstance(exc, self.errors) or isinstance(exc, oom_error_types())
 
     def on_oom(self, costs: Sequence[int]) -> int:
         """A batch of items of ``costs`` ran out of memory: free the allocator's cache so the halves

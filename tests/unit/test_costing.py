@@ -4,6 +4,8 @@ Fake sources and clocks; no Redis, no threads."""
 from __future__ import annotations
 
 import random
+import sys
+import types
 
 import pytest
 
@@ -286,3 +288,29 @@ def test_the_cap_never_exceeds_the_configured_budget():
     cap.on_oom(10_000)
     assert cap.limit(100) == 100
     assert cap.limit(None) == 5000
+
+
+def test_torch_loaded_after_the_guard_was_made_has_its_out_of_memory_errors_recognised(monkeypatch):
+    """A model that imports torch only in predict: the guard, made before, still knows torch's
+    out-of-memory error (a stand-in module here), so an item too big for any batch fails alone."""
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    guard = OomGuard()
+    assert guard.errors == ()
+    torch = types.ModuleType("torch")
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    torch.OutOfMemoryError = OutOfMemoryError  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+    def predict(batch: list[int]) -> list[int]:
+        if sum(batch) > 100:
+            raise OutOfMemoryError(f"tried to allocate {sum(batch)}")
+        return batch
+
+    outcomes = predict_isolated(predict, [1] * 7 + [1000], [1] * 8, guard)
+    assert all(outcome.ok for outcome in outcomes[:7])
+    failure = outcomes[7].failure
+    assert failure is not None and "out of memory on this item alone" in failure.message
+    assert not guard.matches(ValueError("not memory"))
