@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,13 +25,31 @@ class WebServer:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
-    client: httpx.Client = field(init=False)
+    _local: threading.local = field(init=False, default_factory=threading.local)
+    _clients: list[httpx.Client] = field(init=False, default_factory=list)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
-    def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=30.0)
+    @property
+    def client(self) -> httpx.Client:
+        """This thread's HTTP client of the server. One per thread: a client shared by the threads
+        of a test's pool had one thread read a pooled connection another had just closed
+        ("httpx.ReadError: [Errno 9] Bad file descriptor", seen once in CI)."""
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(base_url=self.url, timeout=30.0)
+            with self._lock:
+                self._clients.append(client)
+        return client
 
     def predict(self, inputs: list[object]) -> httpx.Response:
         return self.client.post("/predict", json={"inputs": inputs})
+
+    def close_clients(self) -> None:
+        """Close every thread's client."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
 
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
@@ -93,11 +112,11 @@ class WebServers:
 
     def stop(self, server: WebServer, grace: float = 20.0) -> None:
         """Stop one server: SIGTERM, and SIGKILL after ``grace`` seconds; wait for it."""
-        server.client.close()
+        server.close_clients()
         stop_group(server.process, grace=grace)
 
     def stop_all(self) -> None:
         for server in self.servers:
-            server.client.close()
+            server.close_clients()
             stop_group(server.process)
         shutil.rmtree(self._logs, ignore_errors=True)
