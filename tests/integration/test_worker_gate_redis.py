@@ -11,7 +11,6 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from rstreamer import AsyncRedisStreamer, NoLiveWorker, RedisStreamer
@@ -77,11 +76,10 @@ def test_a_burst_after_a_quiet_spell_longer_than_the_grace_gets_no_503(redis_url
     server = getattr(web, server_kind)(prefix, RSTREAMER_NO_WORKER_GRACE="0.05", RSTREAMER_TIMEOUT="20")
     assert server.predict([1]).status_code == 200
     statuses: list[int] = []
-    with ThreadPoolExecutor(32) as pool, httpx.Client(base_url=server.url, timeout=30,
-                                                      limits=httpx.Limits(max_connections=64)) as client:
+    with ThreadPoolExecutor(32) as pool:  # each thread its own client (server.client)
         for _ in range(3):
             time.sleep(1.3)  # the quiet spell itself (nothing to wait for): the reading ages past the grace
-            burst = [pool.submit(client.post, "/predict", json={"inputs": [i]}) for i in range(64)]
+            burst = [pool.submit(server.predict, [i]) for i in range(64)]
             statuses += [done.result().status_code for done in burst]
     assert statuses.count(503) == 0, f"{statuses.count(503)} of {len(statuses)} refused by a live fleet"
     assert set(statuses) == {200}
