@@ -97,8 +97,10 @@ class LevelSource(Carrier):
         self._cursors: list[str | None] = ["-"] * levels.count
         # Whether level 0 alone may have entries, and is read on its own (else READ_LEVELS).
         self._single = False
-        # Whether the last wait ended without entries for this consumer (see _read_single).
+        # Whether a wait ended without entries for this consumer since the last entries read (see
+        # _read_single), and whether the last wait was ended by an entry rather than its time.
         self._woke_empty = False
+        self._woken = False
         self.fresh = False
         """Whether the last fetch's entries were delivered new. Never with fair sharing: a
         withdrawal of an item moved to its stream is marked before any worker reads it (see
@@ -120,6 +122,8 @@ class LevelSource(Carrier):
             if backlog:
                 return backlog
         entries, newest = self._read_new(max_items)
+        if entries:
+            self._woke_empty = False
         if entries or timeout <= 0 or newest is None:
             return entries
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms.
@@ -129,8 +133,13 @@ class LevelSource(Carrier):
             # the blocked XREAD returns (a worker that finds its levels empty between two
             # batches paid three round trips for the next one; issue 26).
             wait = ["XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *self._streams, *newest]
+            self._woken = True  # unless the wait went out and ran its time (_send)
             entries, _ = self._read_new(max_items, wait)
-            self._woke_empty = not entries
+            # A wait that ended without entries for this consumer (another worker took them, or
+            # an entry acked by hand is left in a stream) makes the waits take their ids from
+            # READ_LEVELS until entries come; one that ran its time leaves them as good as they were.
+            if entries or self._woken:
+                self._woke_empty = not entries
             return entries
         heads: dict[KeyT, StreamIdT] = dict(zip(self._streams, newest, strict=True))
         if self._client.xread(heads, count=1, block=block):
@@ -166,6 +175,7 @@ class LevelSource(Carrier):
             waited, *replies = self.exchange([wait, *reads])
             if isinstance(waited, Exception):
                 raise waited
+            self._woken = waited is not None  # None: it ran its time, no entry came
             return replies, True
         return self.exchange(reads), True
 
@@ -177,9 +187,10 @@ class LevelSource(Carrier):
         stream at once (FINISH acks and deletes together), so an entry of a level newer than its
         newest pending one, once nothing waits undelivered, is one that came after: what a wait
         must wake for, as from READ_LEVELS's newest ids, without the script. None when the read
-        found nothing and another level has entries, or the last wait ended without entries for
-        this consumer (an entry acked by hand and left in its stream would end every wait at
-        once): READ_LEVELS then reads every level and gives the newest ids themselves."""
+        found nothing and another level has entries, or a wait ended without entries for this
+        consumer since it last read some (an entry acked by hand and left in its stream would end
+        every wait at once): READ_LEVELS then reads every level and gives the newest ids
+        themselves. A wait that ran its time does not count: the ids it waited from were good."""
         others = range(1, self.levels.count)
         reads: list[list[Any]] = []
         for level in others:  # pending first: an entry delivered between the two counts as waiting
@@ -237,7 +248,6 @@ class LevelSource(Carrier):
                           tuple(bool(int(row[2])) for row in reply))
         self.scheduler.settle(max_items, reading)
         self._single = self._single_level(reading)
-        self._woke_empty = False  # the ids it gives are the newest entries themselves
         return entries, None if entries else [row[3] for row in reply]
 
     def _single_level(self, reading: Reading) -> bool:

@@ -206,3 +206,21 @@ def test_an_entry_acked_by_hand_and_left_in_its_stream_does_not_make_the_worker_
     assert [source.fetch(10, timeout=0.3) for _ in range(3)] == [[], [], []]
     assert time.monotonic() - started >= 0.55  # two of the three waits ran their 0.3 s
     assert int(client.info("commandstats")["cmdstat_xread"]["calls"]) - waits == 3
+
+
+def test_an_idle_workers_waits_that_run_their_time_need_no_script(client):
+    # Nothing comes: each wait runs its time. Its ids were good, so the next read alone takes
+    # them from XPENDING again (before, every wait that ran its time sent the next one through
+    # READ_LEVELS); an entry that comes later still ends the wait.
+    keys = Keys("idle")
+    source = _source(client, keys)
+    _add(client, keys, 0, 1)
+    assert len(source.fetch(10, timeout=0)) == 1  # READ_LEVELS once: level 0 alone from here
+    before = _scripts_run(client)
+    waits = int(client.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+    assert [source.fetch(10, timeout=0.05) for _ in range(3)] == [[], [], []]
+    assert int(client.info("commandstats")["cmdstat_xread"]["calls"]) - waits == 3
+    assert _scripts_run(client) == before
+    added: list[bytes] = []
+    got, took = _wait_for(source, client, lambda: added.extend(_add(client, keys, 1, 1)))
+    assert got == [(1, (added[0], {b"n": b"0"}))] and took < 5
