@@ -49,6 +49,20 @@ def _add(client: redis.Redis, keys: Keys, level: int, count: int) -> list[bytes]
     return [client.xadd(keys.requests_at(level), {"n": str(n)}) for n in range(count)]
 
 
+def _level_0_alone(client: redis.Redis, name: str) -> tuple[Keys, LevelSource, bytes]:
+    """A source that has read one entry of level 0 (through READ_LEVELS, which found the other
+    levels empty), and that entry's id: its reads go to level 0 alone from here."""
+    keys = Keys(name)
+    source = _source(client, keys)
+    (entry,) = _add(client, keys, 0, 1)
+    assert len(source.fetch(10, timeout=0)) == 1
+    return keys, source, entry
+
+
+def _waits(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+
+
 def _scripts_run(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
@@ -178,10 +192,7 @@ def _wait_for(source: LevelSource, client: redis.Redis, add: Callable[[], object
 def test_between_calls_at_level_0_a_worker_waits_and_reads_without_the_script(client):
     # A lone caller at level 0: after each batch the read finds nothing and the worker waits;
     # the ids it waits from are the newest pending entries (XPENDING), not READ_LEVELS's.
-    keys = Keys("lone")
-    source = _source(client, keys)
-    _add(client, keys, 0, 1)
-    assert len(source.fetch(10, timeout=0)) == 1  # READ_LEVELS once: level 0 alone from here
+    keys, source, _ = _level_0_alone(client, "lone")
     before = _scripts_run(client)
     for _ in range(3):
         added: list[bytes] = []
@@ -196,30 +207,23 @@ def test_an_entry_acked_by_hand_and_left_in_its_stream_does_not_make_the_worker_
     # every pending entry: a wait from the newest pending id would end at once, every time. After
     # such a wait the ids come from READ_LEVELS (the newest entries themselves): the next wait
     # blocks.
-    keys = Keys("acked")
-    source = _source(client, keys)
-    (entry,) = _add(client, keys, 0, 1)
-    assert len(source.fetch(10, timeout=0)) == 1
+    keys, source, entry = _level_0_alone(client, "acked")
     client.xack(keys.requests, keys.group, entry)  # by hand: no XDEL
-    waits = int(client.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+    waits = _waits(client)
     started = time.monotonic()
     assert [source.fetch(10, timeout=0.3) for _ in range(3)] == [[], [], []]
-    assert time.monotonic() - started >= 0.55  # two of the three waits ran their 0.3 s
-    assert int(client.info("commandstats")["cmdstat_xread"]["calls"]) - waits == 3
+    assert time.monotonic() - started >= 0.55  # the two waits after the first ran their 0.3 s
+    assert _waits(client) - waits == 3
 
 
 def test_an_idle_workers_waits_that_run_their_time_need_no_script(client):
     # Nothing comes: each wait runs its time. Its ids were good, so the next read alone takes
     # them from XPENDING again (before, every wait that ran its time sent the next one through
     # READ_LEVELS); an entry that comes later still ends the wait.
-    keys = Keys("idle")
-    source = _source(client, keys)
-    _add(client, keys, 0, 1)
-    assert len(source.fetch(10, timeout=0)) == 1  # READ_LEVELS once: level 0 alone from here
-    before = _scripts_run(client)
-    waits = int(client.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+    keys, source, _ = _level_0_alone(client, "idle")
+    before, waits = _scripts_run(client), _waits(client)
     assert [source.fetch(10, timeout=0.05) for _ in range(3)] == [[], [], []]
-    assert int(client.info("commandstats")["cmdstat_xread"]["calls"]) - waits == 3
+    assert _waits(client) - waits == 3
     assert _scripts_run(client) == before
     added: list[bytes] = []
     got, took = _wait_for(source, client, lambda: added.extend(_add(client, keys, 1, 1)))
