@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .batching.batcher import Batcher, BatchPolicy, BatchStats, Outcome, answer_batch
-from .batching.costing import CostBudget, CostModel, OomGuard, oom_error_types, parse_cost_model, safe_cost
+from .batching.costing import CostBudget, CostModel, OomGuard, parse_cost_model, safe_cost
 from .client.base import BaseStreamer
 from .client.future import Future
 from .errors import ConfigError, Overloaded, WorkerStartupError
@@ -87,7 +87,7 @@ def serve_queue(
     """
     model_cost, oom_errors = model_costing(predict)
     cost = cost or model_cost
-    oom = OomGuard(oom_error_types(oom_errors), cost_model=policy.cost.cost_model)
+    oom = OomGuard(oom_errors, cost_model=policy.cost.cost_model)
     batcher: Batcher[LocalItem] = Batcher(policy, _local_cost(cost) if cost else None, oom, peers)
     # Items a costed batcher still holds are answered after the stop signal too.
     while not source.stopped or len(batcher.window):

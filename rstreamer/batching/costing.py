@@ -175,18 +175,21 @@ def oom_error_types(extra: Sequence[type[BaseException]] = ()) -> tuple[type[Bas
 
 @dataclass
 class OomGuard:
-    """What predict needs to recover from out-of-memory errors: which errors, and the cap."""
+    """What predict needs to recover from out-of-memory errors: which errors, and the cap.
 
-    errors: tuple[type[BaseException], ...] = field(default_factory=oom_error_types)
+    ``errors``: the model's own out-of-memory classes (``ManagedModel.oom_errors``); torch's are
+    looked up when an error comes, not when the guard is made. A model may import torch only when
+    it first predicts: taken once the model had loaded, torch's were missing, its out-of-memory
+    errors were taken for the items' own failures, an item too big for any batch did not fail
+    alone and no cap was learned (seen on an H100)."""
+
+    errors: tuple[type[BaseException], ...] = ()
     cap: CostCap = field(default_factory=CostCap)
     cost_model: CostModel = CostModel.PADDED
 
     def matches(self, exc: BaseException) -> bool:
-        """True if ``exc`` is an out-of-memory error: one of ``errors``, or torch's if torch is
-        loaded now. A model may import torch only when it first predicts, after this guard was
-        made: its out-of-memory errors were then taken for the items' own failures, so an item
-        too big for any batch did not fail alone and no cap was learned (seen on an H100)."""
-        return isinstance(exc, self.errors) or isinstance(exc, oom_error_types())
+        """True if ``exc`` is an out-of-memory error: one of ``errors``, or torch's."""
+        return isinstance(exc, oom_error_types(self.errors))
 
     def on_oom(self, costs: Sequence[int]) -> int:
         """A batch of items of ``costs`` ran out of memory: free the allocator's cache so the halves

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from ..batching.batcher import WITHDRAWN, Batcher, BatchObserver, Failure, Outcome, answer_batch
-from ..batching.costing import OomGuard, oom_error_types, safe_cost
+from ..batching.costing import OomGuard, safe_cost
 from ..batching.priority import Levels
 from ..batching.quotas import Quotas
 from ..broker.clock import ServerClock
@@ -337,7 +337,7 @@ class RedisWorker:
             self._lane = GenerativeLane(generative, self._redis, self.keys, io, self.stats, self.policy.batch_size,
                                         self.settings.max_batch_cost or None, self.settings.reply_ttl)
         cost, oom_errors = model_costing(predict)
-        self._batcher.oom.errors = oom_error_types(oom_errors)
+        self._batcher.oom.errors = oom_errors
         if cost is not None:
             checked = safe_cost(cost)
             self._batcher.cost = lambda parsed: checked(parsed.request.payload) if parsed.request else 1
