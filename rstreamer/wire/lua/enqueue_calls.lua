@@ -41,7 +41,7 @@ local calls, tenants = integer(ARGV[7], 0, #ARGV, 'number of calls'), integer(AR
 local streams = (#KEYS - 2 - tenants) / 4
 local payload = 10 + tenants + 5 * calls
 -- Every call's numbers first: a call refused by these checks must not follow calls added. Each
--- is converted once, into `shape` (4 per call; the deadline stays the string it came as), and
+-- is converted once, into `shape` (5 per call; the deadline stays the string it came as), and
 -- checked inline: five calls of integer() per call took a sixth of an ENQUEUE of 16 calls
 -- (issue 26). Only a call that fails goes through integer(), which names its first bad number.
 local last, top, shape, count = payload - 1, 0, {}, #ARGV
@@ -61,7 +61,8 @@ for c = 1, calls do
   end
   last = last + size
   if level > top then top = level end
-  shape[4 * c - 3], shape[4 * c - 2], shape[4 * c - 1], shape[4 * c] = size, remaining, level, tenant
+  local k = 5 * c - 4
+  shape[k], shape[k + 1], shape[k + 2], shape[k + 3], shape[k + 4] = size, remaining, ARGV[at + 2], level, tenant
 end
 integer(last, 0, count, 'number of payloads')
 -- The client's copy of the levels (read with the heartbeats, at most two seconds old) spares
@@ -93,9 +94,9 @@ local traced = last + 1
 local index = 0
 local reply, ids = {calls}, {}
 for c = 1, calls do
-  local at = 4 * c
-  local size, remaining, level, tenant = shape[at - 3], shape[at - 2], shape[at - 1], shape[at]
-  local deadline, tp = ARGV[5 + tenants + 5 * c + 2], ARGV[traced + c - 1]
+  local at = 5 * c - 4
+  local size, remaining, deadline, level, tenant = shape[at], shape[at + 1], shape[at + 2], shape[at + 3], shape[at + 4]
+  local tp = ARGV[traced + c - 1]
   local reason, detail, limit = 0, 0, 0
   local b = nil
   local bytes = 0
