@@ -81,6 +81,20 @@ def test_enqueue_names_the_first_bad_number_of_a_call_and_holds_nothing(redis_cl
     assert snapshot(redis_client, prefix) == before  # the first call, valid, was not added either
 
 
+@pytest.mark.parametrize("sizes", [[1], [2], [1, 70, 2]])
+def test_entries_carry_each_items_index_numbered_across_the_calls(redis_client, prefix, sizes):
+    # Indexes below 64 come from a table, the others are converted by Redis (issue 26).
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)
+    calls = [([b"\x01"] * size, time.time() + 30 + c, 0, None) for c, size in enumerate(sizes)]
+    args = enqueue_args(QueueLimits(0, 0, keys.group), "c1:0", calls, time.time())
+    remaining = [str(args[9 + 5 * c + 1]).encode() for c, size in enumerate(sizes) for _ in range(size)]
+    scripts(redis_client).enqueue_calls(keys=enqueue_keys(keys, [0]), args=args)
+    entries = redis_client.xrange(keys.requests)
+    assert [(fields[b"i"], fields[b"r"]) for _, fields in entries] == [
+        (str(index).encode(), r) for index, r in enumerate(remaining)]
+
+
 @pytest.mark.parametrize("ttl", TOO_LONG)
 def test_job_create_refuses_a_ttl_out_of_bounds_and_stores_no_job(redis_client, prefix, ttl):
     keys = Keys(prefix)

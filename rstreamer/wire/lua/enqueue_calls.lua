@@ -91,6 +91,7 @@ local function bucket(number)
   return buckets[number]
 end
 local traced = last + 1
+local index_text = index_texts(last - payload + 1)
 local index = 0
 local reply, ids = {calls}, {}
 for c = 1, calls do
@@ -129,7 +130,8 @@ for c = 1, calls do
     local l = level + 1
     if fair then
       local function fields_of(k)
-        return entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp)
+        return entry_fields(version, token, index_text[index + k] or index + k, remaining, deadline,
+                            ARGV[payload + k], tp)
       end
       local added
       added, undelivered[l] = add(lks[l], fair, tenant_name(tenant), token, index, size, fields_of,
@@ -141,7 +143,8 @@ for c = 1, calls do
       local stream = lks[l][1]
       for k = 0, size - 1 do
         ids[#ids + 1] = redis.call('XADD', stream, '*',
-                                   entry_fields(version, token, index + k, remaining, deadline, ARGV[payload + k], tp))
+                                   entry_fields(version, token, index_text[index + k] or index + k, remaining, deadline,
+                                                ARGV[payload + k], tp))
       end
       undelivered[l] = undelivered[l] + size
     end

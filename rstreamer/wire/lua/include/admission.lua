@@ -102,6 +102,20 @@ local function take(b, n, now_ms)
   redis.call('HSET', b.key, 'tokens', tostring(b.tokens), 'ms', now_ms)
   redis.call('PEXPIRE', b.key, math.min(MAX_MS, math.ceil(b.burst * 1000 / b.rate) + 1000))
 end
+-- The decimal strings of the indexes below 64, for the entries of an ENQUEUE of `items` items
+-- (index_text[i] or i: Redis converts a larger one). Redis turns a number handed to redis.call
+-- into a string with printf's float formatting: an ENQUEUE of 16 one-item calls took 2.5 % fewer
+-- instructions with its indexes from this table (callgrind, Redis 7.0; issue 26). It is built
+-- only for more than one item: its 64 strings cost about what one conversion does.
+local function index_texts(items)
+  if items < 2 then return {} end
+  return {
+    [0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15',
+    '16', '17', '18', '19', '20', '21', '22', '23', '24', '25', '26', '27', '28', '29', '30', '31',
+    '32', '33', '34', '35', '36', '37', '38', '39', '40', '41', '42', '43', '44', '45', '46', '47',
+    '48', '49', '50', '51', '52', '53', '54', '55', '56', '57', '58', '59', '60', '61', '62', '63'
+  }
+end
 -- The fields of one request entry, as messages.py documents them (tp: a W3C traceparent, or
 -- nil or '' for none), as values, not a table: XADD takes them as they are, and a table per
 -- item cost an ENQUEUE of 16 calls 4 of its 75 us of Lua (issue 26). {entry_fields(...)} when
