@@ -70,3 +70,25 @@ def test_a_single_entry_goes_by_its_id(redis_client, keys):
     finish(redis_client, keys, read(redis_client, keys, "w1", 1))
     assert calls(redis_client, "xtrim") == trims
     assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[1:]
+
+
+def test_the_newest_id_is_found_where_their_strings_sort_otherwise(redis_client, keys):
+    # FINISH compares ids as strings (issue 26): a shorter ms part, or a shorter sequence number,
+    # is older even where its string sorts after the other's.
+    ids = [redis_client.xadd(keys.requests, {"t": "c1:0", "i": n}, id=entry_id)
+           for n, entry_id in enumerate(["999999999999-7", "1000000000000-9", "1000000000000-10", "1000000000000-11"])]
+    batch = read(redis_client, keys, "w1", 3)
+    trims = calls(redis_client, "xtrim")
+    finish(redis_client, keys, [batch[2], batch[0], batch[1]])
+    assert calls(redis_client, "xtrim") == trims + 1
+    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[3:]
+
+
+def test_ids_written_with_a_leading_zero_go_one_by_one(redis_client, keys):
+    ids = add(redis_client, keys, 3)
+    batch = read(redis_client, keys, "w1", 2)
+    trims = calls(redis_client, "xtrim")
+    finish(redis_client, keys, [b"0" + entry_id for entry_id in batch])  # the same ids to Redis, not to the string order
+    assert calls(redis_client, "xtrim") == trims
+    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[2:]
+    assert redis_client.xpending(keys.requests, keys.group)["pending"] == 0

@@ -11,6 +11,7 @@
 -- batch asks nothing about withdrawals that do not exist: no EXISTS on the cancellation sets.
 --- @include "include/checks.lua"
 local group = ARGV[1]
+local find, byte = string.find, string.byte
 local streams = integer(ARGV[2], 0, #KEYS - 1, 'number of request streams')
 local letters = integer(ARGV[3], 0, #ARGV, 'number of dead letters')
 local dead_len = integer(ARGV[4], 0, 2 ^ 53, 'dead-letter max length')
@@ -56,17 +57,27 @@ if letters > 0 then
     over = over - size
   end
 end
--- The newest of the ids ARGV[first..last] and the id right after it, or nil for an id that is
--- not 'ms-seq' with both parts below 2^53 (exact in a Lua number).
+-- The newest of the ids ARGV[first..last] and the id right after it, or nil when one is not
+-- 'ms-seq' in plain digits (no leading zero) with both parts below 10^15 (then XDEL). Compared as
+-- strings, without a number per part: of two such ids the one with the longer ms part is newer,
+-- then the one with the longer seq part, then the greater string (tonumber's strtod was an eighth
+-- of FINISH's instructions; callgrind, issue 26).
 local function newest_of(first, last)
-  local top_ms, top_seq = -1, -1
+  local top, top_dash, top_len = nil, 0, 0
   for i = first, last do
-    local ms, seq = string.match(ARGV[i], '^(%d+)%-(%d+)$')
-    ms, seq = tonumber(ms), tonumber(seq)
-    if not ms or ms >= 2 ^ 53 or seq >= 2 ^ 53 - 1 then return nil end
-    if ms > top_ms or (ms == top_ms and seq > top_seq) then top_ms, top_seq = ms, seq end
+    local id = ARGV[i]
+    local dash = find(id, '-', 2, true)
+    local len = #id
+    if not dash or dash > 16 or len - dash > 15 or not find(id, '^[1-9]%d*%-%d+$')
+       or (byte(id, dash + 1) == 48 and len > dash + 1) then
+      return nil
+    end
+    if dash > top_dash or (dash == top_dash and (len > top_len or (len == top_len and id > top))) then
+      top, top_dash, top_len = id, dash, len
+    end
   end
-  return string.format('%d-%d', top_ms, top_seq), string.format('%d-%d', top_ms, top_seq + 1)
+  local ms, seq = tonumber(string.sub(top, 1, top_dash - 1)), tonumber(string.sub(top, top_dash + 1))
+  return top, string.format('%d-%d', ms, seq + 1)
 end
 -- An acked entry leaves its stream (XLEN counts what waits). Several go at once by trimming the
 -- stream up to the newest of them when no older entry is still pending: a group reads in id
