@@ -72,16 +72,24 @@ def test_a_single_entry_goes_by_its_id(redis_client, keys):
     assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[1:]
 
 
-def test_the_newest_id_is_found_where_their_strings_sort_otherwise(redis_client, keys):
-    # FINISH compares ids as strings (issue 26): a shorter ms part, or a shorter sequence number,
-    # is older even where its string sorts after the other's.
+ID_ORDERS = [["999999999999-7", "1000000000000-9"], ["1000000000000-9", "1000000000000-10"],
+             ["1000000000000-12", "1000000000001-0"], ["1000000000000-9", "1000000000001-0"],
+             ["1000000000000-99", "1000000000001-10"], ["1000000000009-5", "1000000000010-5"]]
+"""Pairs of ids, older first, where the strings sort otherwise or a part's length misleads."""
+
+
+@pytest.mark.parametrize("pair", ID_ORDERS)
+@pytest.mark.parametrize("order", [0, 1])
+def test_the_newest_id_is_found_where_their_strings_sort_otherwise(redis_client, keys, pair, order):
+    # FINISH compares ids as strings (issue 26): a shorter ms part is older, and a shorter sequence
+    # number too, but only within one ms, even where its string sorts after the other's.
     ids = [redis_client.xadd(keys.requests, {"t": "c1:0", "i": n}, id=entry_id)
-           for n, entry_id in enumerate(["999999999999-7", "1000000000000-9", "1000000000000-10", "1000000000000-11"])]
-    batch = read(redis_client, keys, "w1", 3)
+           for n, entry_id in enumerate([*pair, "1000000000099-1"])]
+    batch = read(redis_client, keys, "w1", 2)
     trims = calls(redis_client, "xtrim")
-    finish(redis_client, keys, [batch[2], batch[0], batch[1]])
+    finish(redis_client, keys, batch[::-1] if order else batch)
     assert calls(redis_client, "xtrim") == trims + 1
-    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[3:]
+    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[2:], "the two acked go, the third stays"
 
 
 def test_ids_written_with_a_leading_zero_go_one_by_one(redis_client, keys):
