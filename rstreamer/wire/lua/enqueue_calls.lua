@@ -41,9 +41,12 @@ local calls, tenants = integer(ARGV[7], 0, #ARGV, 'number of calls'), integer(AR
 local streams = (#KEYS - 2 - tenants) / 4
 local payload = 10 + tenants + 5 * calls
 -- Every call's numbers first: a call refused by these checks must not follow calls added. Each
--- is converted once, into `shape` (5 per call; the deadline stays the string it came as), and
--- checked inline: five calls of integer() per call took a sixth of an ENQUEUE of 16 calls
--- (issue 26). Only a call that fails goes through integer(), which names its first bad number.
+-- is converted once, into `shape` (6 per call), and checked inline: five calls of integer() per
+-- call took a sixth of an ENQUEUE of 16 calls (issue 26). Only a call that fails goes through
+-- integer(), which names its first bad number. The remaining timeout and the deadline also stay
+-- the strings they came as, for the entries: Redis formats a number handed to redis.call with
+-- printf's float code, a twentieth of an ENQUEUE of 16 calls (callgrind; issue 26). A worker
+-- reads the remaining timeout as a plain integer and fails an item whose entry has another form.
 local last, top, shape, count = payload - 1, 0, {}, #ARGV
 for c = 1, calls do
   local at = 5 + tenants + 5 * c
@@ -61,8 +64,9 @@ for c = 1, calls do
   end
   last = last + size
   if level > top then top = level end
-  local k = 5 * c - 4
-  shape[k], shape[k + 1], shape[k + 2], shape[k + 3], shape[k + 4] = size, remaining, ARGV[at + 2], level, tenant
+  local k = 6 * c - 5
+  shape[k], shape[k + 1], shape[k + 2], shape[k + 3], shape[k + 4], shape[k + 5] =
+    size, remaining, ARGV[at + 1], ARGV[at + 2], level, tenant
 end
 integer(last, 0, count, 'number of payloads')
 -- The client's copy of the levels (read with the heartbeats, at most two seconds old) spares
@@ -95,8 +99,9 @@ local index_text = index_texts(last - payload + 1)
 local index = 0
 local reply, ids = {calls}, {}
 for c = 1, calls do
-  local at = 5 * c - 4
-  local size, remaining, deadline, level, tenant = shape[at], shape[at + 1], shape[at + 2], shape[at + 3], shape[at + 4]
+  local at = 6 * c - 5
+  local size, remaining, remaining_text, deadline = shape[at], shape[at + 1], shape[at + 2], shape[at + 3]
+  local level, tenant = shape[at + 4], shape[at + 5]
   local tp = ARGV[traced + c - 1]
   local reason, detail, limit = 0, 0, 0
   local b = nil
@@ -130,7 +135,7 @@ for c = 1, calls do
     local l = level + 1
     if fair then
       local function fields_of(k)
-        return entry_fields(version, token, index_text[index + k] or index + k, remaining, deadline,
+        return entry_fields(version, token, index_text[index + k] or index + k, remaining_text, deadline,
                             ARGV[payload + k], tp)
       end
       local added
@@ -143,7 +148,7 @@ for c = 1, calls do
       local stream = lks[l][1]
       for k = 0, size - 1 do
         ids[#ids + 1] = redis.call('XADD', stream, '*',
-                                   entry_fields(version, token, index_text[index + k] or index + k, remaining, deadline,
+                                   entry_fields(version, token, index_text[index + k] or index + k, remaining_text, deadline,
                                                 ARGV[payload + k], tp))
       end
       undelivered[l] = undelivered[l] + size
