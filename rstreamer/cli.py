@@ -43,7 +43,8 @@ commands:
   bench    every transport side by side (bench cost: cost-aware batching; bench jobs: durable jobs;
            bench stream: continuous batching and streaming; bench llm: the same with a real chat model;
            bench priority: levels, cancellation, quotas; bench shelf: many models on a few workers;
-           bench hotpath: CPU and Redis commands per item, idle lanes)
+           bench hotpath: CPU and Redis commands per item, idle lanes;
+           bench instructions: Redis's instructions per item, callgrind; bench gpu: on a GPU)
   dashboard  live page of queues, workers and dead letters (--help for options)
   exporter   queue metrics of every prefix (depth, waits, drain time, live workers) for Prometheus
   chaos    load a prefix while SIGKILLing random workers; prints sent/answered/wrong/lost

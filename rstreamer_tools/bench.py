@@ -869,17 +869,19 @@ BENCHES = {
     "hotpath": "rstreamer_tools.bench_hotpath",
     "priority": "rstreamer_tools.bench_priority",
     "gpu": "rstreamer_tools.bench_gpu",
+    "instructions": "rstreamer_tools.bench_instructions",
 }
 """``rstreamer bench NAME ...``: the benches beside the transports' one, each a module with ``main(argv)``."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rstreamer bench [cost|jobs|stream|llm|priority|shelf|hotpath|gpu] ...``: every transport side by side,
-    the cost-batching bench, the jobs bench, the streaming bench (continuous against request-level
-    batching), the same with a real chat model, the priority bench (levels, cancellation, tenant
-    quotas), the shelf bench (many models on a few workers, three placement policies), the hot-path
-    bench (CPU and Redis commands per item, idle lanes against a bare prefix; issue 26), or the
-    checks and figures that need a real GPU."""
+    """``rstreamer bench [cost|jobs|stream|llm|priority|shelf|hotpath|instructions|gpu] ...``: every
+    transport side by side, the cost-batching bench, the jobs bench, the streaming bench
+    (continuous against request-level batching), the same with a real chat model, the priority
+    bench (levels, cancellation, tenant quotas), the shelf bench (many models on a few workers,
+    three placement policies), the hot-path bench (CPU and Redis commands per item, idle lanes
+    against a bare prefix; issue 26), the instructions Redis runs per item (callgrind: an A/B
+    that holds on a noisy machine), or the checks and figures that need a real GPU."""
     argv = list(argv) if argv is not None else sys.argv[1:]
     if argv[:1] and argv[0] in BENCHES:
         # Imported on demand: each bench brings its own heavy imports (torch, transformers).

@@ -89,14 +89,16 @@ def test_the_newest_id_is_found_where_their_strings_sort_otherwise(redis_client,
     trims = calls(redis_client, "xtrim")
     finish(redis_client, keys, batch[::-1] if order else batch)
     assert calls(redis_client, "xtrim") == trims + 1
-    assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[2:], "the two acked go, the third stays"
+    left = [entry_id for entry_id, _ in redis_client.xrange(keys.requests)]
+    assert left == ids[2:], "the two acked go, the third stays"
 
 
 def test_ids_written_with_a_leading_zero_go_one_by_one(redis_client, keys):
     ids = add(redis_client, keys, 3)
     batch = read(redis_client, keys, "w1", 2)
     trims = calls(redis_client, "xtrim")
-    finish(redis_client, keys, [b"0" + entry_id for entry_id in batch])  # the same ids to Redis, not to the string order
+    # The same ids to Redis, not to the string order.
+    finish(redis_client, keys, [b"0" + entry_id for entry_id in batch])
     assert calls(redis_client, "xtrim") == trims
     assert [entry_id for entry_id, _ in redis_client.xrange(keys.requests)] == ids[2:]
     assert redis_client.xpending(keys.requests, keys.group)["pending"] == 0

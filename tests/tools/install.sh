@@ -15,6 +15,8 @@ faketime      faketime
 redis-server  redis-server
 openssl       openssl
 cc            gcc
+valgrind      valgrind
+callgrind_control valgrind
 "
 
 missing=""
