@@ -45,8 +45,10 @@ def callgrind_server(deadline_s: float = 60.0) -> Iterator[tuple[redis.Redis, Ca
     with tempfile.TemporaryDirectory(prefix="rstreamer-callgrind-") as folder:
         out = Path(folder) / "callgrind.out"
         process = subprocess.Popen(
+            # --hz 1: Redis's timer work (10 times a second by default, slower under valgrind) adds
+            # to a phase in proportion to its wall time, which the machine's load sets.
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", find_server_binary(), "--port", str(port),
-             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1", "--dynamic-hz", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=port)
         dumps = 0
