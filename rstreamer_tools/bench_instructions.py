@@ -39,40 +39,29 @@ _SUMMARY = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
 def callgrind_server(deadline_s: float = 60.0) -> Iterator[tuple[redis.Redis, Callable[[], int]]]:
     """A redis-server under callgrind, and a function that dumps its count: the instructions it
     ran since the previous dump (or since it started)."""
-    from rstreamer.broker.embedded import find_server_binary, free_port
+    from rstreamer.broker.embedded import EmbeddedRedis
 
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="rstreamer-callgrind-") as folder:
         out = Path(folder) / "callgrind.out"
-        process = subprocess.Popen(
-            # --hz 1: Redis's timer work (10 times a second by default, slower under valgrind) adds
-            # to a phase in proportion to its wall time, which the machine's load sets.
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", find_server_binary(), "--port", str(port),
-             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1", "--dynamic-hz", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=port)
+        # --hz 1: Redis's timer work (10 times a second by default, slower under valgrind) adds to
+        # a phase in proportion to its wall time, which the machine's load sets.
+        server = EmbeddedRedis(extra_args=("--hz", "1", "--dynamic-hz", "no"),
+                               launcher=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"))
         dumps = 0
 
         def dump() -> int:
             nonlocal dumps
             dumps += 1
-            subprocess.run(["callgrind_control", "-d", str(process.pid)], capture_output=True, check=True)
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
             return _read_count(Path(f"{out}.{dumps}"), time.monotonic() + deadline_s)
 
+        server.start(timeout=deadline_s)
+        client = redis.Redis(port=server.port)
         try:
-            _until(lambda: _answers(client), time.monotonic() + deadline_s, "redis-server under valgrind to answer")
             yield client, dump
         finally:
             client.close()
-            process.terminate()
-            process.wait(timeout=deadline_s)
-
-
-def _answers(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
+            server.close()
 
 
 def _until(ready: Callable[[], bool], deadline: float, what: str) -> None:

@@ -43,10 +43,13 @@ def free_port() -> int:
 class EmbeddedRedis:
     """Start/stop a throw-away Redis bound to 127.0.0.1; restartable on the same port."""
 
-    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = (),
+                 launcher: tuple[str, ...] = ()) -> None:
+        """``launcher``: a command the server runs under (``valgrind --tool=callgrind``, say)."""
         self.port = port or free_port()
         self.binary = find_server_binary()
         self.extra_args = extra_args
+        self.launcher = launcher
         self._dir = tempfile.mkdtemp(prefix="rstreamer-redis-")
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -57,7 +60,7 @@ class EmbeddedRedis:
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         """Start the server and wait until it answers PING; RuntimeError if it does not within ``timeout``."""
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        args = [*self.launcher, self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self._dir, "--daemonize", "no", *self.extra_args]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
@@ -76,6 +79,11 @@ class EmbeddedRedis:
                     time.sleep(0.02)
         finally:
             client.close()
+
+    @property
+    def pid(self) -> int | None:
+        """The started process's id (the launcher's, when there is one), or None when stopped."""
+        return self._process.pid if self._process else None
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s); it can be started again on the same port."""
