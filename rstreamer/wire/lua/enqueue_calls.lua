@@ -34,45 +34,72 @@
 -- counts held items too.
 --- @include "include/admission.lua"
 local ARGV, tonumber = ARGV, tonumber  -- locals, not globals: read about ten times per call
-local max_queue = integer(ARGV[1], 0, math.huge, 'max_queue')
-local max_bytes = integer(ARGV[2], 0, math.huge, 'max_queue_bytes')
-local permille, group, token, version = integer(ARGV[3], 0, 1000, 'admit wait'), ARGV[4], ARGV[5], ARGV[6]
-local calls, tenants = integer(ARGV[7], 0, #ARGV, 'number of calls'), integer(ARGV[8], 0, #KEYS, 'number of tenants')
-local streams = (#KEYS - 2 - tenants) / 4
-local payload = 10 + tenants + 5 * calls
--- Every call's numbers first: a call refused by these checks must not follow calls added. Each
--- is converted once, into `shape` (6 per call), and checked inline: five calls of integer() per
--- call took a sixth of an ENQUEUE of 16 calls (issue 26). Only a call that fails goes through
--- integer(), which names its first bad number. The remaining timeout and the deadline also stay
--- the strings they came as, for the entries: Redis formats a number handed to redis.call with
--- printf's float code, a twentieth of an ENQUEUE of 16 calls (callgrind; issue 26). A worker
--- reads the remaining timeout as a plain integer and fails an item whose entry has another form.
-local last, top, shape, count = payload - 1, 0, {}, #ARGV
-for c = 1, calls do
-  local at = 5 + tenants + 5 * c
-  -- A call's usual count, level and tenant ('1', '0', '0') are read without tonumber's strtod:
-  -- comparing with a constant string is comparing two pointers (ENQUEUE -4.5 % instructions at
-  -- 16 calls, `rstreamer bench instructions`; issue 26).
-  local size = ARGV[at] == '1' and 1 or tonumber(ARGV[at])
-  local remaining, deadline = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  local level = ARGV[at + 3] == '0' and 0 or tonumber(ARGV[at + 3])
-  local tenant = ARGV[at + 4] == '0' and 0 or tonumber(ARGV[at + 4])
-  if not (size and remaining and deadline and level and tenant
-          and size % 1 == 0 and remaining % 1 == 0 and deadline % 1 == 0 and level % 1 == 0 and tenant % 1 == 0
-          and size >= 0 and size <= count and remaining >= 0 and remaining <= MAX_MS and deadline >= 0
-          and deadline <= 2 ^ 53 and level >= 0 and tenant >= 0 and tenant <= tenants) then
+local group, token, version = ARGV[4], ARGV[5], ARGV[6]
+-- Every number first: a call refused by these checks must not follow calls added. Each is
+-- converted once and checked inline, a call's into `shape` (6 per call): five calls of integer()
+-- per call took a sixth of an ENQUEUE of 16 calls (issue 26). The remaining timeout and the
+-- deadline also stay the strings they came as, for the entries: Redis formats a number handed
+-- to redis.call with printf's float code, a twentieth of an ENQUEUE of 16 calls (callgrind;
+-- issue 26). A worker reads the remaining timeout as a plain integer and fails an item whose
+-- entry has another form.
+-- A string takes part in arithmetic as the number tonumber() would give, read once and without
+-- a function call, where tonumber() reads it twice (lua_isnumber, then lua_tonumber: strtod
+-- twice): a deadline's 13 digits cost 600 instructions instead of 1,900, and an ENQUEUE of 16
+-- calls 7 % fewer (callgrind, Redis 7.0; issue 26). A string that is no number stops it with an
+-- error instead of nil, so read_numbers runs under pcall, and a failure is named below. What it
+-- reads comes as arguments: a closure over the script's locals costs an upvalue object each.
+-- Returns max_queue, max_bytes, permille, the number of calls and of tenants, the last
+-- payload's place and the highest level of the calls.
+local function read_numbers(argv, count, nkeys, shape, max_ms)
+  local max_queue, max_bytes, permille, calls, tenants = argv[1] + 0, argv[2] + 0, argv[3] + 0, argv[7] + 0, argv[8] + 0
+  if not (max_queue % 1 == 0 and max_bytes % 1 == 0 and permille % 1 == 0 and calls % 1 == 0 and tenants % 1 == 0
+          and max_queue >= 0 and max_bytes >= 0 and permille >= 0 and permille <= 1000 and calls >= 0
+          and calls <= count and tenants >= 0 and tenants <= nkeys) then
+    error('a number out of range')  -- named below
+  end
+  local last, top = 9 + tenants + 5 * calls, 0
+  for c = 1, calls do
+    local at = 5 + tenants + 5 * c
+    -- A call's usual count, level and tenant ('1', '0', '0') are read without strtod at all:
+    -- comparing with a constant string is comparing two pointers (ENQUEUE -4.5 % instructions at
+    -- 16 calls, `rstreamer bench instructions`; issue 26).
+    local size = argv[at] == '1' and 1 or argv[at] + 0
+    local remaining, deadline = argv[at + 1] + 0, argv[at + 2] + 0
+    local level = argv[at + 3] == '0' and 0 or argv[at + 3] + 0
+    local tenant = argv[at + 4] == '0' and 0 or argv[at + 4] + 0
+    if not (size % 1 == 0 and remaining % 1 == 0 and deadline % 1 == 0 and level % 1 == 0 and tenant % 1 == 0
+            and size >= 0 and size <= count and remaining >= 0 and remaining <= max_ms and deadline >= 0
+            and deadline <= 2 ^ 53 and level >= 0 and tenant >= 0 and tenant <= tenants) then
+      error('a number out of range')  -- named below
+    end
+    last = last + size
+    if level > top then top = level end
+    local k = 6 * c - 5
+    shape[k], shape[k + 1], shape[k + 2], shape[k + 3], shape[k + 4], shape[k + 5] =
+      size, remaining, argv[at + 1], argv[at + 2], level, tenant
+  end
+  return max_queue, max_bytes, permille, calls, tenants, last, top
+end
+local shape, count = {}, #ARGV
+local read, max_queue, max_bytes, permille, calls, tenants, last, top = pcall(read_numbers, ARGV, count, #KEYS, shape, MAX_MS)
+if not read then
+  -- integer() stops the script naming the first number that is not an integer in its range.
+  integer(ARGV[1], 0, math.huge, 'max_queue')
+  integer(ARGV[2], 0, math.huge, 'max_queue_bytes')
+  integer(ARGV[3], 0, 1000, 'admit wait')
+  local n, t = integer(ARGV[7], 0, count, 'number of calls'), integer(ARGV[8], 0, #KEYS, 'number of tenants')
+  for c = 1, n do
+    local at = 5 + t + 5 * c
     integer(ARGV[at], 0, count, 'item count')
     integer(ARGV[at + 1], 0, MAX_MS, 'remaining timeout (ms)')
     integer(ARGV[at + 2], 0, 2 ^ 53, 'deadline (ms)')
     integer(ARGV[at + 3], 0, math.huge, 'priority level')
-    integer(ARGV[at + 4], 0, tenants, 'tenant number')
+    integer(ARGV[at + 4], 0, t, 'tenant number')
   end
-  last = last + size
-  if level > top then top = level end
-  local k = 6 * c - 5
-  shape[k], shape[k + 1], shape[k + 2], shape[k + 3], shape[k + 4], shape[k + 5] =
-    size, remaining, ARGV[at + 1], ARGV[at + 2], level, tenant
+  error(max_queue)  -- not a number of the calls (out of memory, SCRIPT KILL): as it was raised
 end
+local streams = (#KEYS - 2 - tenants) / 4
+local payload = 10 + tenants + 5 * calls
 integer(last, 0, count, 'number of payloads')
 -- The client's copy of the levels (read with the heartbeats, at most two seconds old) spares
 -- every ENQUEUE a GET (issue 26). A copy that would refuse a call's level is checked against
@@ -85,10 +112,11 @@ if not levels or fair or top >= levels then levels, bounds, fair = published_lev
 -- a bucket or a held item needs it (a lone call on an idle prefix: XLEN and XADD; issue 26).
 local quotas = tenants > 0 and published_quotas(KEYS[2])
 local clock = lazy_clock()
-local lks, backlog, undelivered, age, queued_bytes = {}, {}, {}, {}, 0
+local lks, backlog, undelivered, age, queued_bytes, bound = {}, {}, {}, {}, 0, {}
 for l = 1, streams do
   local bytes
   lks[l] = level_keys(3 + tenants, l)
+  bound[l] = level_bound(bounds, l, max_queue)  -- once a level, not once a call
   backlog[l], undelivered[l], age[l], bytes = level_queue(lks[l], group, fair, max_bytes > 0, clock)
   queued_bytes = queued_bytes + bytes
 end
@@ -102,7 +130,8 @@ end
 local traced = last + 1
 local index_text = index_texts(last - payload + 1)
 local index = 0
-local reply, ids = {calls}, {}
+-- The reply's and ids' lengths are counted: #t is a binary search of t each time.
+local reply, ids, replied, added = {calls}, {}, 1, 0
 for c = 1, calls do
   local at = 6 * c - 5
   local size, remaining, remaining_text, deadline = shape[at], shape[at + 1], shape[at + 2], shape[at + 3]
@@ -122,7 +151,7 @@ for c = 1, calls do
     elseif b.tokens < size then reason, detail, limit = 5, math.ceil((size - b.tokens) * 1000 / b.rate), b.burst end
   end
   if reason == 0 then
-    limit = level_bound(bounds, level + 1, max_queue)
+    limit = bound[level + 1]
     local ahead = 0
     for l = 1, level + 1 do ahead = ahead + backlog[l] end
     -- room() written out for a fifo level (no tenant shares to weigh)
@@ -143,17 +172,18 @@ for c = 1, calls do
         return entry_fields(version, token, index_text[index + k] or index + k, remaining_text, deadline,
                             ARGV[payload + k], tp)
       end
-      local added
-      added, undelivered[l] = add(lks[l], fair, tenant_name(tenant), token, index, size, fields_of,
+      local held
+      held, undelivered[l] = add(lks[l], fair, tenant_name(tenant), token, index, size, fields_of,
                                   remaining, undelivered[l], clock(), backlog[l] - undelivered[l])
-      for _, id in ipairs(added) do ids[#ids + 1] = id end
+      for _, id in ipairs(held) do added = added + 1; ids[added] = id end
     else
       -- A fifo level's items go straight onto its stream, as add() would put them, without a
       -- closure and a table per call (an ENQUEUE of 16 calls: 68 -> 62 us of Redis; issue 26).
       local stream = lks[l][1]
       for k = 0, size - 1 do
         local i = index + k
-        ids[#ids + 1] = redis.call('XADD', stream, '*',
+        added = added + 1
+        ids[added] = redis.call('XADD', stream, '*',
                                    entry_fields(version, token, index_text[i] or i, remaining_text, deadline,
                                                 ARGV[payload + k], tp))
       end
@@ -162,11 +192,10 @@ for c = 1, calls do
     backlog[level + 1] = backlog[level + 1] + size
     queued_bytes = queued_bytes + bytes
   end
-  reply[#reply + 1] = reason
-  reply[#reply + 1] = detail
-  reply[#reply + 1] = limit
+  reply[replied + 1], reply[replied + 2], reply[replied + 3] = reason, detail, limit
+  replied = replied + 3
   index = index + size
   payload = payload + size
 end
-for _, id in ipairs(ids) do reply[#reply + 1] = id end
+for k = 1, added do reply[replied + k] = ids[k] end
 return reply
