@@ -66,19 +66,34 @@ error gives each."""
 @pytest.mark.parametrize(("offset", "what"), CALL_NUMBERS)
 @pytest.mark.parametrize("value", ["-1", "2.5", "nan", "inf", "x", ""])
 def test_enqueue_names_the_first_bad_number_of_a_call_and_holds_nothing(redis_client, prefix, offset, what, value):
+    """An infinity is no integer either: a level "inf" is named, not taken for a level beyond those served."""
     keys = Keys(prefix)
     ensure_groups(redis_client, keys, 1)
     calls = [([b"\x01"], time.time() + 30, 0, None), ([b"\x02", b"\x03"], time.time() + 30, 0, None)]
     args = enqueue_args(QueueLimits(0, 0, keys.group), "c1:0", calls, time.time())
     args[9 + 5 + offset] = value  # the second call's numbers follow the 9 fixed arguments and the first call's
-    if (what, value) == ("priority level", "inf"):  # a level beyond those served: that call alone is refused
-        reply = scripts(redis_client).enqueue_calls(keys=enqueue_keys(keys, [0]), args=args)
-        assert reply[1:7] == [0, 0, 0, 4, 1, 0] and redis_client.xlen(keys.level_keys(0)[0]) == 1
-        return
     before = snapshot(redis_client, prefix)
     with pytest.raises(redis.ResponseError, match=f"invalid {what}"):
         scripts(redis_client).enqueue_calls(keys=enqueue_keys(keys, [0]), args=args)
     assert snapshot(redis_client, prefix) == before  # the first call, valid, was not added either
+
+
+ENQUEUE_NUMBERS = [(0, "max_queue"), (1, "max_queue_bytes"), (2, "admit wait"), (6, "number of calls"),
+                   (7, "number of tenants")]
+"""ENQUEUE's numbers before the calls' (their index in ARGV) and the name an error gives each."""
+
+
+@pytest.mark.parametrize(("index", "what"), ENQUEUE_NUMBERS)
+@pytest.mark.parametrize("value", ["-1", "2.5", "inf", "x", ""])
+def test_enqueue_names_a_bad_number_before_the_calls_and_holds_nothing(redis_client, prefix, index, what, value):
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)
+    args = enqueue_args(QueueLimits(0, 0, keys.group), "c1:0", [([b"\x01"], time.time() + 30, 0, None)], time.time())
+    args[index] = value
+    before = snapshot(redis_client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"invalid {what}"):
+        scripts(redis_client).enqueue_calls(keys=enqueue_keys(keys, [0]), args=args)
+    assert snapshot(redis_client, prefix) == before
 
 
 @pytest.mark.parametrize("sizes", [[1], [2], [1, 70, 2]])
@@ -147,6 +162,27 @@ def test_finish_refuses_a_reply_ttl_out_of_bounds_and_neither_replies_nor_acks(r
         scripts(redis_client).finish(
             keys=[keys.dead, keys.requests, keys.reply("c1:0")],
             args=[keys.group, 1, 0, 100, 10_000, 1, ttl, 1, b"answer", entry])
+    assert snapshot(redis_client, prefix) == before
+    assert redis_client.xpending(keys.requests, keys.group)["pending"] == 1
+
+
+FINISH_COUNTS = [(1, "number of request streams"), (2, "number of dead letters"), (3, "dead-letter max length"),
+                 (4, "dead-letter max bytes"), (5, "number of acks"), (7, "number of reply messages")]
+"""FINISH's counts (their index in the ARGV of test_finish_names_a_bad_count...) and the name an error gives each."""
+
+
+@pytest.mark.parametrize(("index", "what"), FINISH_COUNTS)
+@pytest.mark.parametrize("value", ["-1", "2.5", "inf", "x"])
+def test_finish_names_a_bad_count_and_neither_replies_nor_acks(redis_client, prefix, index, what, value):
+    keys = Keys(prefix)
+    ensure_groups(redis_client, keys, 1)
+    entry = redis_client.xadd(keys.requests, {"t": "c1:0", "i": 0})
+    redis_client.xreadgroup(keys.group, "w1", {keys.requests: ">"})
+    args: list[object] = [keys.group, 1, 0, 100, 10_000, 1, 60_000, 1, b"answer", entry]
+    args[index] = value
+    before = snapshot(redis_client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"invalid {what}"):
+        scripts(redis_client).finish(keys=[keys.dead, keys.requests, keys.reply("c1:0")], args=args)
     assert snapshot(redis_client, prefix) == before
     assert redis_client.xpending(keys.requests, keys.group)["pending"] == 1
 

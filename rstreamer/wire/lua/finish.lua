@@ -12,23 +12,33 @@
 --- @include "include/checks.lua"
 local group = ARGV[1]
 local find, byte, sub = string.find, string.byte, string.sub
-local streams = integer(ARGV[2], 0, #KEYS - 1, 'number of request streams')
-local letters = integer(ARGV[3], 0, #ARGV, 'number of dead letters')
-local dead_len = integer(ARGV[4], 0, 2 ^ 53, 'dead-letter max length')
-local dead_bytes = integer(ARGV[5], 0, 2 ^ 53, 'dead-letter max bytes')
-local replies = #KEYS - 1 - streams
--- Every count and TTL first: a reply is never pushed for a batch whose ack would then fail.
-local a = 6 + streams
-for _ = 1, replies do
-  integer(ARGV[a], 1, MAX_MS, 'reply TTL (ms)')
-  a = a + 2 + integer(ARGV[a + 1], 0, #ARGV, 'number of reply messages')
+-- Every count and TTL first: a reply is never pushed for a batch whose ack would then fail. int:
+-- quick_integer under pcall, then integer() to name what failed (include/checks.lua).
+local function counts(int, argv, nkeys)
+  local streams = int(argv[2], 0, nkeys - 1, 'number of request streams')
+  local letters = int(argv[3], 0, #argv, 'number of dead letters')
+  local dead_len = int(argv[4], 0, 2 ^ 53, 'dead-letter max length')
+  local dead_bytes = int(argv[5], 0, 2 ^ 53, 'dead-letter max bytes')
+  local a = 6 + streams
+  for _ = 1, nkeys - 1 - streams do
+    int(argv[a], 1, MAX_MS, 'reply TTL (ms)')
+    a = a + 2 + int(argv[a + 1], 0, #argv, 'number of reply messages')
+  end
+  for _ = 1, letters do a = a + 1 + int(argv[a], 0, #argv, 'number of dead-letter fields') end
+  for s = 1, streams do a = a + int(argv[5 + s], 0, #argv, 'number of acks') end
+  int(a - 1, 0, #argv, 'number of arguments')
+  return streams, letters, dead_len, dead_bytes
 end
-for _ = 1, letters do a = a + 1 + integer(ARGV[a], 0, #ARGV, 'number of dead-letter fields') end
-for s = 1, streams do a = a + integer(ARGV[5 + s], 0, #ARGV, 'number of acks') end
-integer(a - 1, 0, #ARGV, 'number of arguments')
-a = 6 + streams
+local checked, streams, letters, dead_len, dead_bytes = pcall(counts, quick_integer, ARGV, #KEYS)
+if not checked then
+  counts(integer, ARGV, #KEYS)
+  error(streams)  -- not a count (out of memory, SCRIPT KILL): as it was raised
+end
+local replies = #KEYS - 1 - streams
+-- The counts are integers now: + 0 reads them without tonumber()'s second strtod.
+local a = 6 + streams
 for k = 2 + streams, 1 + streams + replies do
-  local ttl, n = ARGV[a], tonumber(ARGV[a + 1])
+  local ttl, n = ARGV[a], ARGV[a + 1] + 0
   -- pcall: a tombstone's WRONGTYPE means the caller is gone, and the script goes on to its acks.
   local pushed = redis.pcall('RPUSH', KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
   if type(pushed) == 'number' then
@@ -39,7 +49,7 @@ for k = 2 + streams, 1 + streams + replies do
   a = a + 2 + n
 end
 for _ = 1, letters do
-  local n = tonumber(ARGV[a])
+  local n = ARGV[a] + 0
   redis.call('XADD', KEYS[1], '*', unpack(ARGV, a + 1, a + n))
   a = a + n + 1
 end
@@ -91,7 +101,7 @@ end
 -- pending is done. XDEL seeks each id in its node; the trim walks the node once (16 ids: 135
 -- against 8 us of Redis's CPU here; issue 26). Else, and for a single id, XDEL.
 for s = 1, streams do
-  local stream, acks, first = KEYS[1 + s], tonumber(ARGV[5 + s]), a
+  local stream, acks, first = KEYS[1 + s], ARGV[5 + s] + 0, a
   while acks > 0 do
     local n = math.min(acks, 1000)
     redis.call('XACK', stream, group, unpack(ARGV, a, a + n - 1))
