@@ -36,7 +36,7 @@
 local ARGV, tonumber = ARGV, tonumber  -- locals, not globals: read about ten times per call
 local group, token, version = ARGV[4], ARGV[5], ARGV[6]
 -- Every number first: a call refused by these checks must not follow calls added. Each is
--- converted once and checked inline, a call's into `shape` (6 per call): five calls of integer()
+-- converted once and checked inline, a call's remaining timeout into `remaining_of`: five calls of integer()
 -- per call took a sixth of an ENQUEUE of 16 calls (issue 26). The remaining timeout and the
 -- deadline also stay the strings they came as, for the entries: Redis formats a number handed
 -- to redis.call with printf's float code, a twentieth of an ENQUEUE of 16 calls (callgrind;
@@ -50,7 +50,7 @@ local group, token, version = ARGV[4], ARGV[5], ARGV[6]
 -- reads comes as arguments: a closure over the script's locals costs an upvalue object each.
 -- Returns max_queue, max_bytes, permille, the number of calls and of tenants, the last
 -- payload's place and the highest level of the calls.
-local function read_numbers(argv, count, nkeys, shape, max_ms)
+local function read_numbers(argv, count, nkeys, remaining_of, max_ms)
   local max_queue, max_bytes, permille, calls, tenants = argv[1] + 0, argv[2] + 0, argv[3] + 0, argv[7] + 0, argv[8] + 0
   if not (max_queue % 1 == 0 and max_bytes % 1 == 0 and permille % 1 == 0 and calls % 1 == 0 and tenants % 1 == 0
           and max_queue >= 0 and max_bytes >= 0 and permille >= 0 and permille <= 1000 and calls >= 0
@@ -74,14 +74,15 @@ local function read_numbers(argv, count, nkeys, shape, max_ms)
     end
     last = last + size
     if level > top then top = level end
-    local k = 6 * c - 5
-    shape[k], shape[k + 1], shape[k + 2], shape[k + 3], shape[k + 4], shape[k + 5] =
-      size, remaining, argv[at + 1], argv[at + 2], level, tenant
+    -- One value a call kept: a store that grows a table costs about 300 instructions, and the
+    -- count, level and tenant are read again below by comparing strings.
+    remaining_of[c] = remaining
   end
   return max_queue, max_bytes, permille, calls, tenants, last, top
 end
-local shape, count = {}, #ARGV
-local read, max_queue, max_bytes, permille, calls, tenants, last, top = pcall(read_numbers, ARGV, count, #KEYS, shape, MAX_MS)
+local remaining_of, count = {}, #ARGV
+local read, max_queue, max_bytes, permille, calls, tenants, last, top =
+  pcall(read_numbers, ARGV, count, #KEYS, remaining_of, MAX_MS)
 if not read then
   -- integer() stops the script naming the first number that is not an integer in its range.
   integer(ARGV[1], 0, math.huge, 'max_queue')
@@ -133,9 +134,11 @@ local index = 0
 -- The reply's and ids' lengths are counted: #t is a binary search of t each time.
 local reply, ids, replied, added = {calls}, {}, 1, 0
 for c = 1, calls do
-  local at = 6 * c - 5
-  local size, remaining, remaining_text, deadline = shape[at], shape[at + 1], shape[at + 2], shape[at + 3]
-  local level, tenant = shape[at + 4], shape[at + 5]
+  local at = 5 + tenants + 5 * c  -- the call's numbers, checked above
+  local size = ARGV[at] == '1' and 1 or ARGV[at] + 0
+  local remaining, remaining_text, deadline = remaining_of[c], ARGV[at + 1], ARGV[at + 2]
+  local level = ARGV[at + 3] == '0' and 0 or ARGV[at + 3] + 0
+  local tenant = ARGV[at + 4] == '0' and 0 or ARGV[at + 4] + 0
   local tp = ARGV[traced + c - 1]
   local reason, detail, limit = 0, 0, 0
   local b = nil
