@@ -11,7 +11,7 @@
 -- batch asks nothing about withdrawals that do not exist: no EXISTS on the cancellation sets.
 --- @include "include/checks.lua"
 local group = ARGV[1]
-local find, byte, sub = string.find, string.byte, string.sub
+local find, match, byte, sub = string.find, string.match, string.byte, string.sub
 -- Every count and TTL first: a reply is never pushed for a batch whose ack would then fail. int:
 -- quick_integer under pcall, then integer() to name what failed (include/checks.lua).
 local function counts(int, argv, nkeys)
@@ -84,10 +84,10 @@ local function newest_of(first, last)
   local top, top_dash, top_len = nil, 0, 0
   for i = first, last do
     local id = ARGV[i]
-    local dash = find(id, '-', 2, true)
+    -- One match finds the dash and checks the digits (a call into C costs about 300 instructions).
+    local dash = match(id, '^[1-9]%d*()%-%d+$')
     local len = #id
-    if not dash or dash > 16 or len - dash > 15 or not find(id, '^[1-9]%d*%-%d+$')
-       or (byte(id, dash + 1) == 48 and len > dash + 1) then
+    if not dash or dash > 16 or len - dash > 15 or (byte(id, dash + 1) == 48 and len > dash + 1) then
       return nil
     end
     if not top or newer(id, dash, len, top, top_dash, top_len) then top, top_dash, top_len = id, dash, len end
