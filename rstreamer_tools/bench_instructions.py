@@ -10,6 +10,10 @@ batch (``--group`` x ``--groups`` entries), then as many FINISHes acking each ba
 reply message to each token, then the BLPOPs of the replies. Per item answered: the instructions
 of each phase (the commands, their scripts and Redis's reading and writing of them).
 
+``--lone`` measures a lone caller's path instead: ``--cycles`` calls of one item, each on a stream
+of its own that holds nothing else, as a lone caller finds its prefix's (its ENQUEUE finds the
+stream empty, its FINISH deletes one entry), phase by phase as above.
+
 ``--tree PATH`` (repeatable) measures another checkout of the repository instead, its scripts and
 the arguments its own code builds (PATH goes in front of PYTHONPATH): an A/B of a change to a
 script, side by side in one run.
@@ -129,6 +133,50 @@ def measure(cycles: int, group: int, groups: int) -> dict[str, float]:
     return {phase: counts[phase] / items for phase in PHASES}
 
 
+def measure_lone(calls: int) -> dict[str, float]:
+    """Instructions per call of each phase of ``calls`` lone calls, each alone on its own stream."""
+    from rstreamer.batching.batcher import Outcome
+    from rstreamer.wire.groups import ensure_groups
+    from rstreamer.wire.keys import Keys
+    from rstreamer.wire.messages import QueueLimits, enqueue_args, enqueue_keys, pack_results
+    from rstreamer.wire.scripts import scripts
+
+    prefixes = [Keys(f"lone{n}") for n in range(calls + 1)]  # the first one warms the scripts up
+    call = [([b"\x92\xa5hello\x01"], time.time() + 3600, 0, None)]
+    message = pack_results([(0, Outcome(True, value=0))])
+    with callgrind_server() as (client, dump):
+        script = scripts(client)
+        for keys in prefixes:
+            ensure_groups(client, keys, 1)
+        args = {keys.prefix: enqueue_args(QueueLimits(0, 0, keys.group), "lone:0", call, time.time(), levels=b"")
+                for keys in prefixes}
+
+        def enqueue(keys: Keys) -> None:
+            script.enqueue_calls(keys=enqueue_keys(keys, [0]), args=args[keys.prefix])
+
+        def finish(keys: Keys, ids: list[bytes]) -> None:
+            script.finish(keys=[keys.dead, keys.requests, keys.reply("lone:0")],
+                          args=[keys.group, 1, 0, 100, 1 << 20, len(ids), 60_000, len(message), *message, *ids])
+
+        warm, measured = prefixes[0], prefixes[1:]
+        enqueue(warm)
+        finish(warm, _read_ids(client, warm.requests, warm.group))
+        dump()
+        counts: dict[str, int] = {}
+        for keys in measured:
+            enqueue(keys)
+        counts["ENQUEUE"] = dump()
+        read = [_read_ids(client, keys.requests, keys.group) for keys in measured]
+        counts["XREADGROUP"] = dump()
+        for keys, ids in zip(measured, read, strict=True):
+            finish(keys, ids)
+        counts["FINISH"] = dump()
+        for keys in measured:
+            client.blpop([keys.reply("lone:0")], 1)
+        counts["BLPOP"] = dump()
+    return {phase: counts[phase] / calls for phase in PHASES}
+
+
 def _read_ids(client: redis.Redis, stream: str, group: str, count: int | None = None) -> list[bytes]:
     """The ids of the entries one XREADGROUP of new entries takes."""
     reply: Any = client.xreadgroup(group, "bench", {stream: ">"}, count=count)
@@ -136,21 +184,24 @@ def _read_ids(client: redis.Redis, stream: str, group: str, count: int | None = 
 
 
 def measure_tree(tree: str, args: argparse.Namespace) -> dict[str, float]:
-    """:func:`measure` in a process that imports rstreamer from the checkout ``tree``."""
-    tools = str(Path(__file__).resolve().parent.parent)
-    code = ("import json, sys; from rstreamer_tools.bench_instructions import measure; "
-            f"print(json.dumps(measure({args.cycles}, {args.group}, {args.groups})))")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), tools])}
+    """:func:`measure` (or :func:`measure_lone`) of this file in a process that imports rstreamer
+    from the checkout ``tree``: an older tree's own copy of this tool may lack what is asked."""
+    function, arguments = ("measure_lone", [args.cycles]) if args.lone else ("measure", [args.cycles, args.group, args.groups])
+    code = ("import json, runpy, sys; tool = runpy.run_path(sys.argv[1]); "
+            "print(json.dumps(tool[sys.argv[2]](*json.loads(sys.argv[3]))))")
+    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
     # In the tree's folder: `python -c` puts the working folder first on sys.path.
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve()), function, json.dumps(arguments)],
+                          env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"measuring {tree} failed: {done.stderr.strip()[-2000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def format_report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [f"Redis instructions per item (callgrind), {args.groups} ENQUEUEs of {args.group} one-item calls "
-             f"per batch, {args.cycles} batches",
+    shape = (f"{args.cycles} lone calls of one item, each on a stream of its own" if args.lone else
+             f"{args.groups} ENQUEUEs of {args.group} one-item calls per batch, {args.cycles} batches")
+    lines = [f"Redis instructions per item (callgrind), {shape}",
              f"{'tree':<24} " + " ".join(f"{phase:>11}" for phase in PHASES) + f" {'all':>11}"]
     first = sum(rows[0][p] for p in PHASES)
     for row in rows:
@@ -167,6 +218,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cycles", type=int, default=100, help="batches per phase (default: 100)")
     parser.add_argument("--group", type=int, default=16, help="one-item calls per ENQUEUE (default: 16)")
     parser.add_argument("--groups", type=int, default=2, help="ENQUEUEs per batch (default: 2)")
+    parser.add_argument("--lone", action="store_true",
+                        help="lone calls, each alone on an empty stream (--cycles of them), instead of batches")
     parser.add_argument("--tree", action="append", default=[],
                         help="a checkout to measure instead of the installed rstreamer (repeatable)")
     parser.add_argument("--output", default="bench-output", help="folder for bench-instructions.json")
@@ -180,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; print the report; write ``bench-instructions.json``."""
     args = parse_args(argv)
     rows = ([{"tree": tree, **measure_tree(tree, args)} for tree in args.tree] if args.tree
-            else [{"tree": "installed", **measure(args.cycles, args.group, args.groups)}])
+            else [{"tree": "installed", **(measure_lone(args.cycles) if args.lone
+                                           else measure(args.cycles, args.group, args.groups))}])
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     document = {"options": vars(args), "machine": {"time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "rows": rows}

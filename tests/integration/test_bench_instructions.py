@@ -43,3 +43,25 @@ def test_bench_instructions_counts_a_tree_alike_twice_and_sees_a_script_that_doe
     # 20,000 loop iterations per FINISH of 16 items: tens of thousands of instructions per item.
     assert more["FINISH"] - first["FINISH"] > 20_000, (first, more)
     assert abs(more["ENQUEUE"] / first["ENQUEUE"] - 1) < 0.05, (first, more)
+
+
+def test_lone_calls_each_find_their_stream_empty(valgrind, tmp_path):
+    """--lone: every call alone on an empty stream, as a lone caller's; a script that does more
+    only when its stream holds entries is seen in batches, not there."""
+    busier = tmp_path / "busier"
+    shutil.copytree(REPOSITORY / "rstreamer", busier / "rstreamer", ignore=shutil.ignore_patterns("__pycache__"))
+    admission = busier / "rstreamer" / "wire" / "lua" / "include" / "admission.lua"
+    probe = "  if length > 0 then\n"
+    assert probe in admission.read_text()
+    admission.write_text(admission.read_text().replace(probe, probe + "    for i = 1, 20000 do backlog = i end\n"))
+
+    def counts(*options: str) -> list[dict[str, float]]:
+        argv = ["instructions", *options, "--output", str(tmp_path), "--tree", str(REPOSITORY), "--tree", str(busier)]
+        assert bench.main(argv) == 0
+        return json.loads((tmp_path / "bench-instructions.json").read_text())["rows"]
+
+    alone, busier_alone = counts("--lone", "--cycles", "60")
+    assert abs(busier_alone["ENQUEUE"] / alone["ENQUEUE"] - 1) < 0.05, (alone, busier_alone)
+    assert alone["FINISH"] > 0 and alone["BLPOP"] > 0
+    batched, busier_batched = counts("--cycles", "10", "--group", "16", "--groups", "1")
+    assert busier_batched["ENQUEUE"] - batched["ENQUEUE"] > 20_000, (batched, busier_batched)
