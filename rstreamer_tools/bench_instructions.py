@@ -186,7 +186,8 @@ def _read_ids(client: redis.Redis, stream: str, group: str, count: int | None = 
 def measure_tree(tree: str, args: argparse.Namespace) -> dict[str, float]:
     """:func:`measure` (or :func:`measure_lone`) of this file in a process that imports rstreamer
     from the checkout ``tree``: an older tree's own copy of this tool may lack what is asked."""
-    function, arguments = ("measure_lone", [args.cycles]) if args.lone else ("measure", [args.cycles, args.group, args.groups])
+    function, arguments = (("measure_lone", [args.cycles]) if args.lone
+                           else ("measure", [args.cycles, args.group, args.groups]))
     code = ("import json, runpy, sys; tool = runpy.run_path(sys.argv[1]); "
             "print(json.dumps(tool[sys.argv[2]](*json.loads(sys.argv[3]))))")
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
