@@ -33,15 +33,17 @@
 -- holds none and has nothing undelivered goes onto the stream at once, see add) and the backlog
 -- counts held items too.
 --- @include "include/admission.lua"
-local ARGV, tonumber = ARGV, tonumber  -- locals, not globals: read about ten times per call
+local ARGV = ARGV  -- a local, not a global: read about ten times per call
 local group, token, version = ARGV[4], ARGV[5], ARGV[6]
 -- Every number first: a call refused by these checks must not follow calls added. Each is
--- converted once and checked inline, a call's remaining timeout into `remaining_of`: five calls of integer()
--- per call took a sixth of an ENQUEUE of 16 calls (issue 26). The remaining timeout and the
--- deadline also stay the strings they came as, for the entries: Redis formats a number handed
--- to redis.call with printf's float code, a twentieth of an ENQUEUE of 16 calls (callgrind;
--- issue 26). A worker reads the remaining timeout as a plain integer and fails an item whose
--- entry has another form.
+-- converted once and checked inline, a call's remaining timeout kept in `remaining_of`: five
+-- calls of integer() per call took a sixth of an ENQUEUE of 16 calls (issue 26). The remaining
+-- timeout and the deadline also stay the strings they came as, for the entries: Redis formats a
+-- number handed to redis.call with printf's float code, a twentieth of an ENQUEUE of 16 calls
+-- (callgrind; issue 26). A worker reads the remaining timeout as a plain integer and fails an
+-- item whose entry has another form. The slow path below repeats the ranges with integer()'s
+-- names; the numbers before the calls are inline too (through quick_integer, as FINISH does it,
+-- a lone ENQUEUE took 3 % more instructions).
 -- A string takes part in arithmetic as the number tonumber() would give, read once and without
 -- a function call, where tonumber() reads it twice (lua_isnumber, then lua_tonumber: strtod
 -- twice): a deadline's 13 digits cost 600 instructions instead of 1,900, and an ENQUEUE of 16
