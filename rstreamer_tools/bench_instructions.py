@@ -31,9 +31,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
+
+if TYPE_CHECKING:
+    from rstreamer.wire.keys import Keys
 
 PHASES = ("ENQUEUE", "XREADGROUP", "FINISH", "BLPOP")
 _SUMMARY = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
@@ -108,7 +111,7 @@ def measure(cycles: int, group: int, groups: int) -> dict[str, float]:
         # gone: an entry left pending would send every FINISH to XDEL instead of the trim.
         script.enqueue_calls(keys=stream_keys, args=enqueue[tokens[0]])
         warm = _read_ids(client, keys.requests, keys.group)
-        script.finish(keys=[keys.dead, keys.requests], args=[keys.group, 1, 0, 100, 1 << 20, len(warm), *warm])
+        _finish(script, keys, [], [], warm)
         message = pack_results([(i, Outcome(True, value=i)) for i in range(group)])
         dump()
         counts: dict[str, int] = {}
@@ -119,11 +122,7 @@ def measure(cycles: int, group: int, groups: int) -> dict[str, float]:
         batches = [_read_ids(client, keys.requests, keys.group, group * groups) for _ in range(cycles)]
         counts["XREADGROUP"] = dump()
         for ids in batches:
-            replies: list[Any] = []
-            for _ in tokens:
-                replies += [60_000, len(message), *message]
-            script.finish(keys=[keys.dead, keys.requests, *(keys.reply(t) for t in tokens)],
-                          args=[keys.group, 1, 0, 100, 1 << 20, len(ids), *replies, *ids])
+            _finish(script, keys, tokens, message, ids)
         counts["FINISH"] = dump()
         for _ in range(cycles):
             for token in tokens:
@@ -154,13 +153,9 @@ def measure_lone(calls: int) -> dict[str, float]:
         def enqueue(keys: Keys) -> None:
             script.enqueue_calls(keys=enqueue_keys(keys, [0]), args=args[keys.prefix])
 
-        def finish(keys: Keys, ids: list[bytes]) -> None:
-            script.finish(keys=[keys.dead, keys.requests, keys.reply("lone:0")],
-                          args=[keys.group, 1, 0, 100, 1 << 20, len(ids), 60_000, len(message), *message, *ids])
-
         warm, measured = prefixes[0], prefixes[1:]
         enqueue(warm)
-        finish(warm, _read_ids(client, warm.requests, warm.group))
+        _finish(script, warm, ["lone:0"], message, _read_ids(client, warm.requests, warm.group))
         dump()
         counts: dict[str, int] = {}
         for keys in measured:
@@ -169,12 +164,27 @@ def measure_lone(calls: int) -> dict[str, float]:
         read = [_read_ids(client, keys.requests, keys.group) for keys in measured]
         counts["XREADGROUP"] = dump()
         for keys, ids in zip(measured, read, strict=True):
-            finish(keys, ids)
+            _finish(script, keys, ["lone:0"], message, ids)
         counts["FINISH"] = dump()
         for keys in measured:
             client.blpop([keys.reply("lone:0")], 1)
         counts["BLPOP"] = dump()
     return {phase: counts[phase] / calls for phase in PHASES}
+
+
+def _finish(script: Any, keys: Keys, tokens: Sequence[str], message: Sequence[bytes], ids: Sequence[bytes]) -> None:
+    """FINISH as a worker sends it: ack and delete ``ids`` on the request stream and push
+    ``message`` (the rows of one reply) to each token's reply key."""
+    replies: list[Any] = []
+    for _ in tokens:
+        replies += [60_000, len(message), *message]
+    script.finish(keys=[keys.dead, keys.requests, *(keys.reply(t) for t in tokens)],
+                  args=[keys.group, 1, 0, 100, 1 << 20, len(ids), *replies, *ids])
+
+
+def measured(args: argparse.Namespace) -> dict[str, float]:
+    """:func:`measure_lone` or :func:`measure`, as the options ask."""
+    return measure_lone(args.cycles) if args.lone else measure(args.cycles, args.group, args.groups)
 
 
 def _read_ids(client: redis.Redis, stream: str, group: str, count: int | None = None) -> list[bytes]:
@@ -184,15 +194,13 @@ def _read_ids(client: redis.Redis, stream: str, group: str, count: int | None = 
 
 
 def measure_tree(tree: str, args: argparse.Namespace) -> dict[str, float]:
-    """:func:`measure` (or :func:`measure_lone`) of this file in a process that imports rstreamer
-    from the checkout ``tree``: an older tree's own copy of this tool may lack what is asked."""
-    function, arguments = (("measure_lone", [args.cycles]) if args.lone
-                           else ("measure", [args.cycles, args.group, args.groups]))
-    code = ("import json, runpy, sys; tool = runpy.run_path(sys.argv[1]); "
-            "print(json.dumps(tool[sys.argv[2]](*json.loads(sys.argv[3]))))")
+    """:func:`measured` of this file in a process that imports rstreamer from the checkout
+    ``tree``: an older tree's own copy of this tool may lack what is asked."""
+    code = ("import argparse, json, runpy, sys; tool = runpy.run_path(sys.argv[1]); "
+            "print(json.dumps(tool['measured'](argparse.Namespace(**json.loads(sys.argv[2])))))")
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
     # In the tree's folder: `python -c` puts the working folder first on sys.path.
-    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve()), function, json.dumps(arguments)],
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve()), json.dumps(vars(args))],
                           env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"measuring {tree} failed: {done.stderr.strip()[-2000:]}")
@@ -234,8 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; print the report; write ``bench-instructions.json``."""
     args = parse_args(argv)
     rows = ([{"tree": tree, **measure_tree(tree, args)} for tree in args.tree] if args.tree
-            else [{"tree": "installed", **(measure_lone(args.cycles) if args.lone
-                                           else measure(args.cycles, args.group, args.groups))}])
+            else [{"tree": "installed", **measured(args)}])
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     document = {"options": vars(args), "machine": {"time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "rows": rows}
