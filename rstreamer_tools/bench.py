@@ -688,16 +688,25 @@ def _get(results: Sequence[Result], model: str, transport: str) -> Result | None
     return next((r for r in results if r.model == model and r.transport == transport), None)
 
 
+SIDES = {"higher": "at least", "lower": "below", "at most": "at most"}
+"""How a reference point's value must compare, as :func:`format_reference_checks` words it."""
+
+
+def reference_check(name: str, value: float, reference: float, better: str = "higher") -> dict[str, Any]:
+    """One reference point: name, measured value, reference, whether the value is on the right
+    side, and which side that is (a key of :data:`SIDES`: at least, below, at most the reference)."""
+    ok = {"higher": value >= reference, "lower": value < reference, "at most": value <= reference}[better]
+    return {"check": name, "value": round(value, 3), "reference": round(reference, 3), "ok": ok, "better": better}
+
+
 def reference_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """This run against the reference points of docs/performance.md that its rows can decide:
-    name, measured value, reference, whether it is on the right side, and which side that is."""
+    """This run against the reference points of docs/performance.md that its rows can decide (see
+    :func:`reference_check`)."""
     checks: list[dict[str, Any]] = []
 
     def add(name: str, value: float | None, reference: float, higher_is_better: bool = True) -> None:
         if value is not None:
-            ok = value >= reference if higher_is_better else value < reference
-            checks.append({"check": name, "value": round(value, 3), "reference": round(reference, 3), "ok": ok,
-                           "better": "higher" if higher_is_better else "lower"})
+            checks.append(reference_check(name, value, reference, "higher" if higher_is_better else "lower"))
 
     for workers in (1, 2):
         ours, original = _get(results, "noop", f"redis-{workers}"), _get(results, "noop", f"ss-redis-{workers}")
@@ -719,14 +728,16 @@ def reference_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
     return checks
 
 
-def format_reference_checks(checks: Sequence[dict[str, Any]]) -> str:
-    """One line per check: whether this run reached the reference value of docs/performance.md."""
-    lines = ["compared with the reference points of docs/performance.md (a shared machine moves them by "
-             "about 5 % from run to run):"]
+def format_reference_checks(
+    checks: Sequence[dict[str, Any]],
+    title: str = "the reference points of docs/performance.md (a shared machine moves them by about 5 % from "
+                 "run to run)",
+) -> str:
+    """One line per check: whether this run reached the reference value (of ``title``)."""
+    lines = [f"compared with {title}:"]
     for c in checks:
-        side = "at least" if c["better"] == "higher" else "below"
         verdict = "reached    " if c["ok"] else "not reached"
-        lines.append(f"  {verdict}  {c['check']}: {c['value']:g} (reference: {side} {c['reference']:g})")
+        lines.append(f"  {verdict}  {c['check']}: {c['value']:g} (reference: {SIDES[c['better']]} {c['reference']:g})")
     return "\n".join(lines)
 
 

@@ -16,7 +16,8 @@ from ``--callers`` asyncio tasks of an ``AsyncRedisStreamer`` in one event loop 
 ASGI apps), per item the same figures. Then an A/B:
 items/s of a bare prefix against prefixes whose lanes are configured but idle (priority levels,
 tenant quotas, jobs and webhooks; the same plus fair sharing), in alternating rounds, both
-workers alive throughout.
+workers alive throughout. Last, the run against issue 26's reference points (the targets of the
+hot path in docs/performance.md): reached or not, each.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from rstreamer.client.aio import AsyncRedisStreamer
 from rstreamer.client.sync import RedisStreamer
 from rstreamer.ops.metrics import percentile
 from rstreamer.wire.published import wait_for_live_workers
+from rstreamer_tools.bench import format_reference_checks, reference_check
 from rstreamer_tools.processes import stop_group
 
 ECHO = "workers.echo:EchoModel"
@@ -451,8 +453,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "options": vars(args), "rows": [asdict(r) for r in rows], "a_b": [asdict(r) for r in ab]}
 
 
+LOAD_REFERENCES = (("client_us", "client µs", 40.0), ("worker_us", "worker µs", 15.0), ("redis_us", "Redis µs", 8.0))
+"""Issue 26's most CPU per item answered under load, per process (docs/performance.md, the hot path)."""
+REFERENCES_TITLE = ("the hot path's reference points of docs/performance.md (set on a 2-vCPU Intel VM; a shared "
+                    "machine moves them by about 5 % from run to run)")
+
+
+def reference_checks(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """This run against issue 26's reference points that its rows decide (see bench.reference_check).
+
+    The lone caller's commands are counted to a tenth: the worker's heartbeats and reclaim ticks
+    add about 0.02 per item to the 10 a call runs.
+    """
+    rows = {r["name"]: r for r in document["rows"]}
+    callers = document["options"]["callers"]
+    checks = []
+    lone = rows.get("lone caller")
+    if lone:
+        checks += [reference_check("lone caller: Redis commands per item", round(lone["commands"], 1), 10, "at most"),
+                   reference_check("lone caller: Redis µs per item", lone["redis_us"], 50, "at most"),
+                   reference_check("lone caller: p50 ms", lone["p50_ms"] or 0.0, 0.5, "lower")]
+    for name in (f"{callers} callers", f"{callers} tasks (asyncio)"):
+        row = rows.get(name)
+        if row:
+            checks += [reference_check(f"{name}: {label} per item", row[key], limit, "at most")
+                       for key, label, limit in LOAD_REFERENCES]
+    ab = {r["name"]: r for r in document["a_b"]}
+    if "bare" in ab and "lanes idle" in ab and ab["bare"]["items_per_s"]:
+        change = (ab["lanes idle"]["items_per_s"] / ab["bare"]["items_per_s"] - 1) * 100
+        checks.append(reference_check("lanes idle: items/s against the bare prefix, %", change, -5.0))
+    return checks
+
+
 def format_report(document: dict[str, Any]) -> str:
-    """The rows as text: per item costs, then the A/B."""
+    """The rows as text: per item costs, then the A/B, then the reference points."""
     lines = [f"{'phase':<18} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
              f"{'cmds':>6} {'p50 ms':>7} {'p99 ms':>7} {'switches':>8}"]
     for r in document["rows"]:
@@ -475,6 +509,7 @@ def format_report(document: dict[str, Any]) -> str:
         for r in ab:
             top = ", ".join(f"{name} {calls:.2f}" for name, calls in list(r["by_command"].items())[:12])
             lines.append(f"commands per item, {r['name']}: {top}")
+    lines.append(format_reference_checks(document["reference_checks"], REFERENCES_TITLE))
     machine = document["machine"]
     lines.append(f"{machine['cpus']} CPUs, load average {machine['load_before'][0]:.2f} before, "
                  f"{machine['load_after'][0]:.2f} after")
@@ -501,6 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # the echo model lives in the repository's `workers` package
         sys.path.insert(0, os.getcwd())
     document = run(args)
+    document["reference_checks"] = reference_checks(document)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     (output / "bench-hotpath.json").write_text(json.dumps(document, indent=2))

@@ -42,5 +42,13 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
     assert floor["client_us"] > 0 and floor["switches"] > 0 and floor["by_command"] == {}
     assert [r["name"] for r in report["a_b"]] == ["bare", "lanes idle", "lanes idle + fair"]
     assert all(r["items_per_s"] > 0 for r in report["a_b"])
+    # Each reference point the rows decide, judged: the lone caller's three, each process's CPU
+    # under load (threads and tasks) and the idle lanes.
+    judged = [c["check"] for c in report["reference_checks"]]
+    assert judged[:3] == ["lone caller: Redis commands per item", "lone caller: Redis µs per item",
+                          "lone caller: p50 ms"]
+    assert sum(name.startswith(("8 callers:", "8 tasks (asyncio):")) for name in judged) == 6
+    assert judged[-1] == "lanes idle: items/s against the bare prefix, %" and len(judged) == 10
     out = capsys.readouterr().out
     assert "commands per item, lone caller" in out and "load average" in out
+    assert "compared with the hot path's reference points" in out

@@ -1,0 +1,79 @@
+"""rstreamer bench hotpath: the report's reference points on fake numbers (the bench itself runs in
+I:test_bench_hotpath.py). No timing assertions: speed is what the bench prints."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rstreamer_tools import bench
+from rstreamer_tools.bench_hotpath import format_report, reference_checks
+
+
+def row(name: str, client: float, worker: float, redis: float, commands: float, p50: float | None) -> dict[str, Any]:
+    return {"name": name, "items": 1000, "seconds": 1.0, "items_per_s": 1000.0, "client_us": client,
+            "worker_us": worker, "redis_us": redis, "commands": commands, "p50_ms": p50, "p99_ms": p50,
+            "switches": 1.0, "by_command": {"xadd": 1.0}}
+
+
+def document(lanes_idle: float = 9_600.0) -> dict[str, Any]:
+    rows = [row("lone caller", 240.0, 170.0, 135.0, 10.02, 0.47),
+            row("round trip floor", 110.0, 150.0, 87.0, 7.01, 0.25),
+            row("64 callers", 61.0, 20.0, 13.0, 1.63, 4.2),
+            row("thread floor", 19.0, 0.0, 0.0, 0.0, 0.0),
+            row("64 tasks (asyncio)", 25.8, 13.2, 8.0, 1.35, 1.8)]
+    a_b = [{**row("bare", 60.0, 20.0, 13.0, 1.6, 4.0), "items_per_s": 10_000.0},
+           {**row("lanes idle", 60.0, 20.0, 13.0, 2.2, 4.0), "items_per_s": lanes_idle},
+           {**row("lanes idle + fair", 60.0, 24.0, 30.0, 14.7, 5.0), "items_per_s": 8_000.0}]
+    return {"rows": rows, "a_b": a_b, "options": {"callers": 64, "rounds": 3},
+            "machine": {"cpus": 2, "load_before": [0.5], "load_after": [1.5]}}
+
+
+def test_every_reference_point_of_the_hot_path_is_judged():
+    checks = {c["check"]: c for c in reference_checks(document())}
+    # The lone caller's commands to a tenth: the heartbeats' 0.02 do not make 10 commands a miss...
+    assert checks["lone caller: Redis commands per item"] == {
+        "check": "lone caller: Redis commands per item", "value": 10.0, "reference": 10, "ok": True,
+        "better": "at most"}
+    assert not checks["lone caller: Redis µs per item"]["ok"]
+    assert checks["lone caller: p50 ms"]["ok"]
+    # ...under load, each process's CPU against its own limit, for the threads and the asyncio tasks.
+    assert [c["ok"] for name, c in checks.items() if name.startswith("64 callers:")] == [False, False, False]
+    assert [c["ok"] for name, c in checks.items() if name.startswith("64 tasks (asyncio):")] == [True, True, True]
+    assert checks["64 tasks (asyncio): Redis µs per item"]["reference"] == 8.0  # at most: 8.0 itself reaches it
+    assert checks["lanes idle: items/s against the bare prefix, %"]["value"] == pytest.approx(-4.0)
+    assert checks["lanes idle: items/s against the bare prefix, %"]["ok"]
+    assert len(checks) == 10
+
+
+def test_a_tenth_more_commands_or_idle_lanes_six_percent_slower_is_not_reached():
+    slower = document(lanes_idle=9_400.0)
+    slower["rows"][0]["commands"] = 10.06
+    checks = {c["check"]: c for c in reference_checks(slower)}
+    assert not checks["lone caller: Redis commands per item"]["ok"]
+    assert not checks["lanes idle: items/s against the bare prefix, %"]["ok"]
+
+
+def test_without_the_a_b_the_idle_lanes_are_not_judged():
+    checks = reference_checks({**document(), "a_b": []})
+    assert not any(c["check"].startswith("lanes idle") for c in checks)
+
+
+def test_the_report_ends_with_the_verdicts_in_words_for_users():
+    doc = document()
+    doc["reference_checks"] = reference_checks(doc)
+    text = format_report(doc)
+    assert "compared with the hot path's reference points of docs/performance.md" in text
+    assert "reached      64 tasks (asyncio): Redis µs per item: 8 (reference: at most 8)" in text
+    assert "not reached  lone caller: Redis µs per item: 135 (reference: at most 50)" in text
+    assert "reached      lone caller: p50 ms: 0.47 (reference: below 0.5)" in text
+    verdicts = text[text.index("compared with"):]
+    assert not any(word in verdicts.lower() for word in ("miss", "target", "issue", "goal"))
+
+
+def test_at_most_includes_the_reference_and_below_does_not():
+    assert bench.reference_check("x", 8.0, 8.0, "at most")["ok"]
+    assert not bench.reference_check("x", 8.0, 8.0, "lower")["ok"]
+    assert bench.reference_check("x", 8.0, 8.0, "higher")["ok"]
+    with pytest.raises(KeyError):
+        bench.reference_check("x", 1.0, 1.0, "sideways")
