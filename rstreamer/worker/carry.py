@@ -16,6 +16,8 @@ the FINISH on a connection of its own and does not wait for its reply: Redis run
 worker decodes and runs the next batch, and the reply is read before the next FINISH goes out
 (:meth:`Carrier.send_ahead`, :meth:`Carrier.settle`). The FINISH is written before the model runs
 again, so a model that kills its process does not take the answers of the batch before with it.
+Where reads ahead find nothing (each caller waits for the batch just run), the next few full
+batches carry their FINISH instead (:class:`ReadAhead`).
 """
 from __future__ import annotations
 
@@ -46,6 +48,40 @@ class Carried:
     def command(self) -> list[Any]:
         """Its EVALSHA, as written on a connection."""
         return ["EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args]
+
+
+class ReadAhead:
+    """Whether a full batch's source reads ahead (:meth:`Carrier.send_ahead`) or carries the
+    FINISH with a waiting read.
+
+    A read ahead that finds nothing costs a round trip of its own, the FINISH and a waiting read
+    following it. Under callers that each wait for the batch just run (64 asyncio tasks of the
+    no-op model, in groups of the batch size) nearly every read ahead found nothing: an
+    XREADGROUP more per batch, on the answers' path (MONITOR; issue 26). After one finds nothing
+    the next 1, then 2, 4, at most :attr:`MOST_SKIPPED` full batches carry their FINISH instead;
+    one that finds entries starts again at 1. Under a backlog, the case read ahead is for, reads
+    ahead find entries and nothing is skipped.
+    """
+
+    MOST_SKIPPED = 8
+
+    def __init__(self) -> None:
+        self._skipped = 0  # full batches left to carry before the next read ahead
+        self._next = 1  # full batches to carry after the next read ahead that finds nothing
+
+    def due(self) -> bool:
+        """Whether this full batch's source reads ahead (else it carries the FINISH)."""
+        if self._skipped:
+            self._skipped -= 1
+            return False
+        return True
+
+    def found(self, entries: bool) -> None:
+        """What the read ahead found: entries, or nothing."""
+        if entries:
+            self._next = 1
+        else:
+            self._skipped, self._next = self._next, min(2 * self._next, self.MOST_SKIPPED)
 
 
 class _InFlight:

@@ -15,7 +15,7 @@ from ..broker.connection import RedisClient, is_nogroup
 from ..wire.groups import ensure_group
 from ..wire.keys import Keys, is_reply_token
 from ..wire.scripts import scripts
-from .carry import Carried, Carrier
+from .carry import Carried, Carrier, ReadAhead
 from .levelsource import LevelSource, SingleLevel
 from .records import Entry, Parsed, field_dict, stream_entries
 
@@ -38,6 +38,7 @@ class StreamSource(Carrier):
         self._cursor: str | None = "-"
         self.fresh = False
         """Whether the last fetch's entries were delivered new (XREADGROUP '>'), not served again."""
+        self._ahead = ReadAhead()
 
     def rewind(self) -> None:
         """Serve this consumer's own unacked entries again, before new ones; a carried call not
@@ -66,7 +67,7 @@ class StreamSource(Carrier):
                     self._keys.group, self._consumer, streams, count=max_items, block=block))
                 entries = [(entry_id, fields) for _, stream_entries in (reply or [])
                            for entry_id, fields in stream_entries]
-            elif carried.ahead:
+            elif carried.ahead and self._ahead.due():
                 entries, fresh = self._read_ahead(carried, max_items, block)
             else:
                 entries, fresh = self._read_carrying(carried, max_items, block)
@@ -89,12 +90,14 @@ class StreamSource(Carrier):
     def _read_ahead(self, carried: Carried, max_items: int, block: int | None) -> tuple[list[Entry], bool]:
         """After a full batch: XREADGROUP without waiting, then the carried call sent behind it, to
         run while the entries read do (:meth:`Carrier.send_ahead`); when nothing waits after all,
-        the carried call and a waiting XREADGROUP together, as :meth:`_read_carrying`."""
+        the carried call and a waiting XREADGROUP together, as :meth:`_read_carrying`, and the
+        next few full batches do that at once (:class:`~rstreamer.worker.carry.ReadAhead`)."""
         (reply,) = self.exchange([self._xreadgroup(max_items, None)])
         if isinstance(reply, Exception):
             self.carry(carried)  # not sent: the caller's error path serves its entries again
             raise reply
         entries = stream_entries(reply)
+        self._ahead.found(bool(entries))
         if not entries:
             return self._read_carrying(carried, max_items, block)
         self.send_ahead(carried)

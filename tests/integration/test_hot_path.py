@@ -214,6 +214,33 @@ def test_after_a_full_batch_the_finish_runs_while_the_next_batch_does(private_ur
     assert len(ahead) >= 2, [(words[n][0], "BLOCK" in words[n]) for n in sequence]
 
 
+def test_full_batches_with_nothing_waiting_after_them_read_ahead_ever_less(private_url):
+    # One caller, calls of a full batch each, one at a time: after each batch the stream is empty
+    # until its caller has its answers. A read ahead that finds nothing is a round trip more per
+    # batch; after one, the next full batches carry their FINISH with a waiting read (1, 2, 4 of
+    # them), so 12 batches read ahead 4 times, not 12.
+    workers = WorkerProcesses(private_url)
+    client = redis.Redis.from_url(private_url)
+    try:
+        workers.start("ahead-idle", batch_size=4, max_latency=0.5, settings=QUIET)
+        with RedisStreamer(private_url, "ahead-idle", timeout=20) as streamer:
+            assert streamer.predict([0]) == [0]
+
+            def calls() -> None:
+                for n in range(12):
+                    assert streamer.predict([n, n, n, n]) == [2 * n] * 4
+
+            commands = _monitored(private_url, client, calls)
+    finally:
+        workers.stop_all()
+        client.close()
+    words = [command["command"].split() for command in commands]
+    reads = [w for w in words if w[0] == "XREADGROUP"]
+    not_waiting = [w for w in reads if "BLOCK" not in w]
+    assert len(not_waiting) == 4, [("BLOCK" in w) for w in reads]
+    assert sum("BLOCK" in w for w in reads) >= 12  # each batch's entries came through a waiting read
+
+
 def test_a_model_that_kills_its_process_keeps_the_answers_of_the_full_batch_before(private_url):
     # The FINISH sent behind the next read is written before the model runs that read's entries:
     # the process dies with it in flight, and its callers are answered all the same (no other
