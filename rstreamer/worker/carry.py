@@ -27,7 +27,7 @@ from typing import Any, cast
 import redis
 
 from ..broker.connection import RedisClient
-from ..broker.direct import Sent, exchange, send
+from ..broker.direct import KeptConnection, Sent, exchange, send
 
 
 @dataclass
@@ -113,6 +113,9 @@ class Carrier:
 
     def __init__(self, reads: RedisClient) -> None:
         self._reads = reads
+        # The reads and the calls they carry, an exchange a batch, on a connection kept between
+        # them: the pool's checkout and release were a sixth of a lone call's worker Python.
+        self._kept = KeptConnection(reads) if isinstance(reads, redis.Redis) else None
         self._carried: Carried | None = None
         self._in_flight: _InFlight | None = None
 
@@ -195,5 +198,8 @@ class Carrier:
         redis-py Pipeline, whose machinery per call (command stack, retry wrapper, callbacks,
         reset) cost the worker 20 us a batch; the reads client never retries anyway
         (WorkerContext.reads). An EVALSHA is bare: a Script in a pipeline asks SCRIPT EXISTS
-        first, one more round trip."""
-        return exchange(cast("redis.Redis", self._reads), commands)  # see can_carry
+        first, one more round trip. The connection is kept from one exchange to the next
+        (broker.direct.KeptConnection)."""
+        if self._kept is None:
+            return exchange(cast("redis.Redis", self._reads), commands)  # see can_carry
+        return self._kept.exchange(commands)
