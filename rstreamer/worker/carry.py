@@ -66,13 +66,13 @@ class ReadAhead:
     MOST_SKIPPED = 8
 
     def __init__(self) -> None:
-        self._skipped = 0  # full batches left to carry before the next read ahead
+        self._to_skip = 0  # full batches that carry their FINISH before the next read ahead
         self._next = 1  # full batches to carry after the next read ahead that finds nothing
 
     def due(self) -> bool:
         """Whether this full batch's source reads ahead (else it carries the FINISH)."""
-        if self._skipped:
-            self._skipped -= 1
+        if self._to_skip:
+            self._to_skip -= 1
             return False
         return True
 
@@ -81,7 +81,7 @@ class ReadAhead:
         if entries:
             self._next = 1
         else:
-            self._skipped, self._next = self._next, min(2 * self._next, self.MOST_SKIPPED)
+            self._to_skip, self._next = self._next, min(2 * self._next, self.MOST_SKIPPED)
 
 
 class _InFlight:
