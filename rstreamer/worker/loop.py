@@ -42,6 +42,7 @@ from ..wire.messages import (
 )
 from ..wire.published import live_workers, publish_levels, publish_pace, publish_quotas, read_workers
 from ..wire.scripts import scripts
+from ..wire.stream_ids import newest_last
 from .beater import Beater
 from .carry import Carried
 from .generative_lane import GenerativeLane, LaneIO, Pushes, model_of
@@ -617,7 +618,7 @@ class RedisWorker:
                   *(self.keys.reply(token) for token in outgoing)],
             args=[self.keys.group, len(by_level), len(dead), settings.dead_max_len, settings.dead_max_bytes,
                   *(len(ids) for ids in by_level.values()), *replies, *letters,
-                  *(entry_id for ids in by_level.values() for entry_id in ids)],
+                  *(entry_id for ids in by_level.values() for entry_id in newest_last(ids))],
             ahead=ahead,
         )
         if carry:

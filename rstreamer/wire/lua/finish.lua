@@ -4,14 +4,14 @@
 -- ARGV: group, s, number of dead letters, dead-letter max length, dead-letter max bytes, then per
 -- request stream the number of ids to ack on it; then per reply list its TTL in ms, its number of
 -- messages and the messages; then per dead letter its field count followed by its fields and
--- values; then the ids to ack and delete, stream by stream.
+-- values; then the ids to ack and delete, stream by stream, each stream's newest last.
 -- Replies, dead letters, XACK and XDEL in one script: no reply without its ack or the reverse. A
 -- reply list whose token was withdrawn whole while the batch ran gets nothing: CANCEL turned its
 -- key into a tombstone (a string, rstreamer.wire.cancel), which RPUSH refuses (WRONGTYPE). So a
 -- batch asks nothing about withdrawals that do not exist: no EXISTS on the cancellation sets.
 --- @include "include/checks.lua"
 local group = ARGV[1]
-local find, match, byte, sub = string.find, string.match, string.byte, string.sub
+local match, byte, sub = string.match, string.byte, string.sub
 -- Every count and TTL first: a reply is never pushed for a batch whose ack would then fail. int:
 -- quick_integer under pcall, then integer() to name what failed (include/checks.lua).
 local function counts(int, argv, nkeys)
@@ -67,39 +67,25 @@ if letters > 0 then
     over = over - size
   end
 end
--- The newest of the ids ARGV[first..last] and the id right after it, or nil when one is not
--- 'ms-seq' in plain digits (no leading zero) with both parts below 10^15 (then XDEL). Compared as
--- strings, without a number per part (tonumber's strtod was an eighth of FINISH's instructions;
--- callgrind, issue 26): of two such ids the one with the longer ms part is newer; with ms parts
--- of one length, the greater string where the ids have one length too (each part then compares
--- as a number would), else the greater ms part, then the longer seq part.
-local function newer(id, dash, len, top, top_dash, top_len)
-  if dash ~= top_dash then return dash > top_dash end
-  if len == top_len then return id > top end
-  local ms, top_ms = sub(id, 1, dash), sub(top, 1, dash)
-  if ms ~= top_ms then return ms > top_ms end
-  return len > top_len
-end
-local function newest_of(first, last)
-  local top, top_dash, top_len = nil, 0, 0
-  for i = first, last do
-    local id = ARGV[i]
-    -- One match finds the dash and checks the digits (a call into C costs about 300 instructions).
-    local dash = match(id, '^[1-9]%d*()%-%d+$')
-    local len = #id
-    if not dash or dash > 16 or len - dash > 15 or (byte(id, dash + 1) == 48 and len > dash + 1) then
-      return nil
-    end
-    if not top or newer(id, dash, len, top, top_dash, top_len) then top, top_dash, top_len = id, dash, len end
+-- The id right after id, or nil when id is not 'ms-seq' in plain digits (no leading zero) with
+-- both parts below 10^15 (then XDEL). One id per stream: the worker sorts, not the script.
+local function after(id)
+  local dash = match(id, '^[1-9]%d*()%-%d+$')
+  local len = #id
+  if not dash or dash > 16 or len - dash > 15 or (byte(id, dash + 1) == 48 and len > dash + 1) then
+    return nil
   end
-  local ms, seq = tonumber(sub(top, 1, top_dash - 1)), tonumber(sub(top, top_dash + 1))
-  return top, string.format('%d-%d', ms, seq + 1)
+  return string.format('%d-%d', tonumber(sub(id, 1, dash - 1)), tonumber(sub(id, dash + 1)) + 1)
 end
 -- An acked entry leaves its stream (XLEN counts what waits). Several go at once by trimming the
 -- stream up to the newest of them when no older entry is still pending: a group reads in id
 -- order, so every entry older than one a worker read was read too, and one read and no longer
 -- pending is done. XDEL seeks each id in its node; the trim walks the node once (16 ids: 135
 -- against 8 us of Redis's CPU here; issue 26). Else, and for a single id, XDEL.
+-- The newest is the last id of the stream's list (rstreamer.wire.stream_ids.newest_last): finding
+-- it here took a pattern and a comparison per id, a quarter of FINISH (callgrind, issue 26). Were
+-- it not the newest, the trim would stop short of the newer acked entries, which a later trim
+-- takes: it never goes past an id this script acks, so it never takes an entry that waits.
 for s = 1, streams do
   local stream, acks, first = KEYS[1 + s], ARGV[5 + s] + 0, a
   while acks > 0 do
@@ -107,10 +93,10 @@ for s = 1, streams do
     redis.call('XACK', stream, group, unpack(ARGV, a, a + n - 1))
     a, acks = a + n, acks - n
   end
-  local newest, after
-  if a - first > 1 then newest, after = newest_of(first, a - 1) end
-  if newest and #redis.call('XPENDING', stream, group, '-', newest, 1) == 0 then
-    redis.call('XTRIM', stream, 'MINID', after)
+  local newest, bound = ARGV[a - 1], nil
+  if a - first > 1 then bound = after(newest) end
+  if bound and #redis.call('XPENDING', stream, group, '-', newest, 1) == 0 then
+    redis.call('XTRIM', stream, 'MINID', bound)
   else
     for i = first, a - 1, 1000 do redis.call('XDEL', stream, unpack(ARGV, i, math.min(i + 999, a - 1))) end
   end
