@@ -704,27 +704,27 @@ def reference_checks(results: Sequence[Result]) -> list[dict[str, Any]]:
     :func:`reference_check`)."""
     checks: list[dict[str, Any]] = []
 
-    def add(name: str, value: float | None, reference: float, higher_is_better: bool = True) -> None:
+    def add(name: str, value: float | None, reference: float, better: str = "higher") -> None:
         if value is not None:
-            checks.append(reference_check(name, value, reference, "higher" if higher_is_better else "lower"))
+            checks.append(reference_check(name, value, reference, better))
 
     for workers in (1, 2):
         ours, original = _get(results, "noop", f"redis-{workers}"), _get(results, "noop", f"ss-redis-{workers}")
         if ours and original and ours.items_per_s and original.items_per_s:
             add(f"noop redis-{workers} throughput / service-streamer's", ours.items_per_s / original.items_per_s, 5.0)
     noop, direct = _get(results, "noop", "redis-1"), _get(results, "transformer", "direct")
-    add("noop redis-1 lone p50 ms", noop.lone_p50_ms if noop else None, 2.0, higher_is_better=False)
+    add("noop redis-1 lone p50 ms", noop.lone_p50_ms if noop else None, 2.0, better="lower")
     transformer = _get(results, "transformer", "redis-1")
     if transformer and direct and direct.lone_p50_ms is not None:
         add("transformer redis-1 lone p50 ms (reference: model time + 1)", transformer.lone_p50_ms,
-            direct.lone_p50_ms + 1.0, higher_is_better=False)
+            direct.lone_p50_ms + 1.0, better="lower")
     for transport, reference in (("redis-1", 0.95), ("redis-2", 0.90), ("threaded", 0.98)):
         row = _get(results, "transformer", transport)
         add(f"transformer {transport} / {row.ceiling if row else 'ceiling'}", row.ratio if row else None, reference)
     for row in results:
         if row.burst_callers and not row.transport.startswith("ss-"):
             add(f"{row.burst_callers} callers through {row.transport}: failed calls", float(row.burst_failed),
-                0.5, higher_is_better=False)
+                0.5, better="lower")
     return checks
 
 

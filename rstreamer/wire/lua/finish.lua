@@ -93,8 +93,8 @@ for s = 1, streams do
     redis.call('XACK', stream, group, unpack(ARGV, a, a + n - 1))
     a, acks = a + n, acks - n
   end
-  local newest, bound = ARGV[a - 1], nil
-  if a - first > 1 then bound = after(newest) end
+  local newest = a - first > 1 and ARGV[a - 1]
+  local bound = newest and after(newest)
   if bound and #redis.call('XPENDING', stream, group, '-', newest, 1) == 0 then
     redis.call('XTRIM', stream, 'MINID', bound)
   else
