@@ -122,7 +122,12 @@ class Load:
     async def _phase(self, t0: float, clients: int, via: str, loop: Callable[[float], Awaitable[None]]) -> None:
         start = time.perf_counter()
         until = start + self.seconds
-        await asyncio.gather(*(loop(until) for _ in range(clients)))
+        # return_exceptions: a stop (the task cancelled) ends the phase once every client has
+        # closed its connection; without it, gather ends at the first client that ends cancelled,
+        # and the loop was closed under the others (tracebacks at Ctrl-C).
+        for outcome in await asyncio.gather(*(loop(until) for _ in range(clients)), return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
         self.done.append(Phase(clients, via, start - t0, time.perf_counter() - t0))
 
 

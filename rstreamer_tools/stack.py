@@ -124,8 +124,20 @@ def run_cancellable(coroutine: Coroutine[Any, Any, T]) -> T:
             except asyncio.CancelledError:
                 raise KeyboardInterrupt from None
     finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
+        _unwind(loop)
         loop.close()
+
+
+def _unwind(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks still pending on ``loop`` and run them to their end, as asyncio.run does:
+    asyncio.gather ends at the first child that ends cancelled, while the others may still be
+    closing their connections (the demo's HTTP clients printed tracebacks from a closed loop)."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:  # gather() of nothing would take another loop
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 class Children:
