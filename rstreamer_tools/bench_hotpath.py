@@ -486,6 +486,18 @@ def reference_checks(document: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+def lone_to_floor(document: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The lone caller's Redis µs per item, the round trip floor's, and their ratio; None without
+    both rows or without a floor to divide by. The floor (the same round trip written by hand)
+    moves from one VM to another far more than the ratio does, so the ratio is what compares
+    runs on different machines."""
+    rows = {r["name"]: r for r in document["rows"]}
+    lone, floor = rows.get("lone caller"), rows.get("round trip floor")
+    if not lone or not floor or not floor["redis_us"]:
+        return None
+    return lone["redis_us"], floor["redis_us"], lone["redis_us"] / floor["redis_us"]
+
+
 def format_report(document: dict[str, Any]) -> str:
     """The rows as text: per item costs, then the A/B, then the reference points."""
     lines = [f"{'phase':<18} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
@@ -494,6 +506,10 @@ def format_report(document: dict[str, Any]) -> str:
         lines.append(f"{r['name']:<18} {r['items_per_s']:8,.0f} {r['client_us']:10.1f} {r['worker_us']:10.1f} "
                      f"{r['redis_us']:9.1f} {r['commands']:6.2f} {r['p50_ms'] or 0:7.2f} {r['p99_ms'] or 0:7.2f} "
                      f"{r['switches']:8.2f}")
+    ratio = lone_to_floor(document)
+    if ratio is not None:
+        lines.append(f"lone caller: Redis µs per item {ratio[0]:.1f}, {ratio[2]:.2f} times the round trip floor's "
+                     f"{ratio[1]:.1f} (the floor moves from one VM to another far more than the ratio)")
     for r in document["rows"]:
         if not r["by_command"]:
             continue  # the thread floor runs no command

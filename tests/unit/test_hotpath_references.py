@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rstreamer_tools import bench
-from rstreamer_tools.bench_hotpath import format_report, reference_checks
+from rstreamer_tools.bench_hotpath import format_report, lone_to_floor, reference_checks
 
 
 def row(name: str, client: float, worker: float, redis: float, commands: float, p50: float | None) -> dict[str, Any]:
@@ -77,3 +77,21 @@ def test_at_most_includes_the_reference_and_below_does_not():
     assert bench.reference_check("x", 8.0, 8.0, "higher")["ok"]
     with pytest.raises(KeyError):
         bench.reference_check("x", 1.0, 1.0, "sideways")
+
+
+def test_the_lone_callers_redis_is_read_against_the_floor_of_the_same_run():
+    doc = document()
+    assert lone_to_floor(doc) == pytest.approx((135.0, 87.0, 135.0 / 87.0))
+    doc["reference_checks"] = reference_checks(doc)
+    assert "lone caller: Redis µs per item 135.0, 1.55 times the round trip floor's 87.0" in format_report(doc)
+
+
+def test_without_a_floor_there_is_no_ratio():
+    doc = document()
+    doc["rows"] = [r for r in doc["rows"] if r["name"] != "round trip floor"]
+    assert lone_to_floor(doc) is None
+    doc["reference_checks"] = reference_checks(doc)
+    assert "times the round trip floor" not in format_report(doc)
+    doc["rows"] = document()["rows"]
+    doc["rows"][1]["redis_us"] = 0.0  # a floor that cost Redis nothing measurable: nothing to divide by
+    assert lone_to_floor(doc) is None
