@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import redis
 from redis.typing import KeyT, StreamIdT
 
-from ..batching.priority import DeficitScheduler, Levels, Reading
+from ..batching.priority import DeficitScheduler, Levels, Reading, simulate_read
 from ..broker.connection import RedisClient, is_nogroup
 from ..wire.groups import ensure_groups
 from ..wire.keys import Keys
@@ -66,19 +66,21 @@ class LevelSource(Carrier):
     failed reply (:meth:`rewind`) this consumer's own unacked entries are served again first,
     level by level.
 
-    While the most urgent level alone has entries (a prefix with levels configured and calls at
-    the default level: the idle lanes of issue 26), a read is level 0's XREADGROUP, with the
-    undelivered entries of every other level counted in the same round trip (XPENDING's count
-    and XLEN: an entry leaves its stream when it is acked), instead of READ_LEVELS: a script's
+    While the less urgent levels are empty (a prefix with levels configured and calls at the
+    default level: the idle lanes of issue 26), a read is one XREADGROUP of new entries ('>') on
+    every level's stream, blocking when the fetch may wait, instead of READ_LEVELS: a script's
     entries pass through Lua on their way out, which cost Redis 5 to 8 us an item more than the
-    plain read (128 to 145 us for 16 entries on a 2-vCPU VM), a third of what it spends on an
-    item. With the other levels empty the script would take the same entries (its first pass the
-    level's share, its second the rest). A less urgent level found with entries was not offered
-    its share by that read: the scheduler owes it the share (deficit round robin), and the reads
-    go through READ_LEVELS again until it is found empty. Only level 0: read alone, a less urgent
-    level's read would take a whole batch before an urgent item that just came. Not with fair
-    sharing (held items move to the streams as they are read), nor on a client without one
-    connection to write the commands on (Redis Cluster).
+    plain read, and the probes and the wait of a script's read cost the worker a second round
+    trip at nearly every batch boundary (issue 26). Written with the FINISH, as a bare prefix's
+    read is, it is one round trip per batch, and a wait that no script's ids start from: '>'
+    wakes for an entry no consumer has read, on any level, never for one another worker holds.
+    It takes up to the batch's size from each level that has entries; when more than one has,
+    the batch is what READ_LEVELS would have taken from them (the scheduler's shares, then the
+    most urgent), and the rest, delivered to this consumer already, is the next batch
+    (:meth:`_serve_extra`). A read that found entries on a less urgent level goes back to
+    READ_LEVELS until the others are found empty again, so the shares hold while they are in
+    use. Not with fair sharing (held items move to the streams as they are read), nor on a
+    client without one connection to write the commands on (Redis Cluster).
     """
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels,
@@ -95,12 +97,12 @@ class LevelSource(Carrier):
         self._read = scripts(reads or client).read_levels
         self._own_pending = scripts(client).read_own_pending
         self._cursors: list[str | None] = ["-"] * levels.count
-        # Whether level 0 alone may have entries, and is read on its own (else READ_LEVELS).
+        # Whether the less urgent levels were found empty: the levels are read with one
+        # XREADGROUP (_read_single), not READ_LEVELS.
         self._single = False
-        # Whether a wait ended without entries for this consumer since the last entries read (see
-        # _read_single), and whether the last wait was ended by an entry rather than its time.
-        self._woke_empty = False
-        self._woken = False
+        # Entries such a read delivered beyond its batch, with their levels: the next batch.
+        self._extra: list[LevelEntry] = []
+        self._streams_level = {stream.encode(): level for level, stream in enumerate(self._streams)}
         self.fresh = False
         """Whether the last fetch's entries were delivered new. Never with fair sharing: a
         withdrawal of an item moved to its stream is marked before any worker reads it (see
@@ -110,6 +112,7 @@ class LevelSource(Carrier):
         """Serve this consumer's own unacked entries again, before new ones; a carried call not
         sent yet is dropped (its entries are among them: served again, as after a failed FINISH)."""
         self._cursors = ["-"] * self.levels.count
+        self._extra = []  # pending with this consumer: served again with the rest of its backlog
         self.drop()
 
     def fetch(self, max_items: int, timeout: float) -> list[LevelEntry]:
@@ -121,48 +124,40 @@ class LevelSource(Carrier):
             backlog = self._read_own_pending(max_items)
             if backlog:
                 return backlog
-        entries, newest = self._read_new(max_items)
-        if entries:
-            self._woke_empty = False
-        if entries or timeout <= 0 or newest is None:
-            return entries
         # BLOCK 0 means forever, so a wait is never shorter than 1 ms.
-        block = max(1, int(timeout * 1000))
-        if self.can_carry:
-            # The wait and the read after it in one round trip: Redis runs the read the moment
-            # the blocked XREAD returns (a worker that finds its levels empty between two
-            # batches paid three round trips for the next one; issue 26).
-            wait = ["XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *self._streams, *newest]
-            self._woken = True  # unless the wait went out and ran its time (_send)
-            entries, _ = self._read_new(max_items, wait)
-            # A wait that ended without entries for this consumer (another worker took them, or
-            # an entry acked by hand is left in a stream) makes the waits take their ids from
-            # READ_LEVELS until entries come; one that ran its time leaves them as good as they were.
-            if entries or self._woken:
-                self._woke_empty = not entries
-            return entries
-        heads: dict[KeyT, StreamIdT] = dict(zip(self._streams, newest, strict=True))
-        if self._client.xread(heads, count=1, block=block):
-            entries, _ = self._read_new(max_items)
-        return entries
-
-    def _read_new(self, max_items: int,
-                  wait: list[Any] | None = None) -> tuple[list[LevelEntry], list[bytes] | None]:
-        """New entries, after the carried call if there is one, or after the blocked read
-        ``wait``: the entries read, and when none came the newest entry id of each level (None
-        after a read that failed)."""
+        block = max(1, int(timeout * 1000)) if timeout > 0 else None
         try:
+            if self._extra:
+                return self._serve_extra(max_items)
             if self._single and max_items > 0:
-                found = self._read_single(max_items, wait)
-                if found is not None:
-                    return found
-                wait = None  # the wait, if any, has returned: the levels are read at once
-            return self._read_levels(max_items, wait)
+                return self._read_single(max_items, block)
+            entries, newest = self._read_levels(max_items)
+            if entries or block is None or newest is None:
+                return entries
+            if self._single and max_items > 0:  # every level found empty: the single read waits
+                return self._read_single(max_items, block)
+            return self._wait(max_items, block, newest)
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             ensure_groups(self._client, self._keys, self.levels.count)
-            return [], None
+            return []
+
+    def _wait(self, max_items: int, block: int, newest: list[bytes]) -> list[LevelEntry]:
+        """Wait for an entry newer than ``newest`` (each level's newest entry id, from
+        READ_LEVELS) on any level, then READ_LEVELS: with fair sharing, whose held items reach
+        the streams only as READ_LEVELS reads them, or on a client that cannot carry."""
+        if self.can_carry:
+            # The wait and the read after it in one round trip: Redis runs the read the moment
+            # the blocked XREAD returns (issue 26).
+            wait = ["XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *self._streams, *newest]
+            entries, _ = self._read_levels(max_items, wait)
+            return entries
+        heads: dict[KeyT, StreamIdT] = dict(zip(self._streams, newest, strict=True))
+        if self._client.xread(heads, count=1, block=block):
+            entries, _ = self._read_levels(max_items)
+            return entries
+        return []
 
     def _send(self, reads: list[list[Any]], wait: list[Any] | None) -> tuple[list[Any], bool]:
         """``reads`` after the carried call, or after the blocked read ``wait``, or alone, in one
@@ -175,53 +170,66 @@ class LevelSource(Carrier):
             waited, *replies = self.exchange([wait, *reads])
             if isinstance(waited, Exception):
                 raise waited
-            self._woken = waited is not None  # None: it ran its time, no entry came
             return replies, True
         return self.exchange(reads), True
 
-    def _read_single(self, max_items: int,
-                     wait: list[Any] | None) -> tuple[list[LevelEntry], list[bytes]] | None:
-        """XREADGROUP of level 0 alone, after counting the undelivered entries of every other
-        level (XPENDING's count and XLEN), then XPENDING of level 0: when nothing came, the ids
-        a wait starts from are the newest pending entry of each level. An acked entry leaves its
-        stream at once (FINISH acks and deletes together), so an entry of a level newer than its
-        newest pending one, once nothing waits undelivered, is one that came after: what a wait
-        must wake for, as from READ_LEVELS's newest ids, without the script. None when the read
-        found nothing and another level has entries, or a wait ended without entries for this
-        consumer since it last read some (an entry acked by hand and left in its stream would end
-        every wait at once): READ_LEVELS then reads every level and gives the newest ids
-        themselves. A wait that ran its time does not count: the ids it waited from were good."""
-        others = range(1, self.levels.count)
-        reads: list[list[Any]] = []
-        for level in others:  # pending first: an entry delivered between the two counts as waiting
-            reads += [["XPENDING", self._streams[level], self._keys.group], ["XLEN", self._streams[level]]]
-        reads.append(["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items,
-                      "STREAMS", self._streams[0], ">"])
-        reads.append(["XPENDING", self._streams[0], self._keys.group])
-        replies, fresh = self._send(reads, wait)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        read, own = replies[-2], replies[-1]
-        # XPENDING's summary: [count, smallest id, greatest id, consumers].
-        pending = [own, *replies[:-2:2]]
-        waiting = [int(length) > int(summary[0]) for length, summary in zip(replies[1:-2:2], pending[1:], strict=True)]
-        taken = [(0, entry) for entry in stream_entries(read)]
-        if any(waiting):
-            self._single = False  # another level has entries: READ_LEVELS gives each its share
-        if not taken:
-            if any(waiting) or self._woke_empty:
-                return None
-            return [], [summary[2] if int(summary[0]) else b"0-0" for summary in pending]
-        count = len(taken)
-        first = [0] * self.levels.count
-        extra = [0] * self.levels.count
-        first[0] = min(count, self.scheduler.quotas(max_items)[0])
-        extra[0] = count - first[0]
-        emptied = (count < max_items, *(not busy for busy in waiting))
-        self.scheduler.settle(max_items, Reading(tuple(first), tuple(extra), emptied))
+    def _read_single(self, max_items: int, block: int | None) -> list[LevelEntry]:
+        """One XREADGROUP of new entries on every level's stream, after the carried call, waiting
+        up to ``block`` ms (None: not at all) when none has any: the batch (see the class's
+        docstring), the rest kept for the next one."""
+        read: list[Any] = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items]
+        if block is not None:
+            read += ["BLOCK", block]
+        read += ["STREAMS", *self._streams, *[">"] * len(self._streams)]
+        (reply,), fresh = self._send([read], None)
+        if isinstance(reply, Exception):
+            raise reply
+        delivered: list[list[Entry]] = [[] for _ in self._streams]
+        # {stream: entries} in RESP3, [[stream, entries], ...] in RESP2, None when nothing came.
+        for stream, rows in (reply.items() if isinstance(reply, dict) else reply or []):
+            delivered[self._streams_level[stream]] = [(entry_id, field_dict(flat)) for entry_id, flat in rows]
+        if any(delivered[1:]):
+            self._single = False  # a less urgent level is in use: READ_LEVELS gives each its share
+        # What READ_LEVELS would have taken from levels holding these entries: a level that gave
+        # the whole COUNT may hold more (not emptied); one that gave fewer has none left.
+        reading = simulate_read(self.scheduler.quotas(max_items), [len(rows) for rows in delivered], max_items)
+        self.scheduler.settle(max_items, reading)
+        taken: list[LevelEntry] = []
+        for level, rows in enumerate(delivered):
+            count = reading.first[level] + reading.extra[level]
+            taken += [(level, entry) for entry in rows[:count]]
+            self._extra += [(level, entry) for entry in rows[count:]]
         self.fresh = fresh
-        return taken, []
+        return taken
+
+    def _serve_extra(self, max_items: int) -> list[LevelEntry]:
+        """The entries a single read delivered beyond its batch, most urgent first, leaving level
+        0 its share of the batch for its new entries (read with them, without waiting): an
+        urgent item that comes while kept ones wait still runs in the next batch. Kept entries
+        were delivered a while ago, so none of the batch is fresh: a withdrawal since is looked
+        for before they run."""
+        share = min(self.scheduler.quotas(max_items)[0], max_items - 1)  # one kept entry at least
+        served, self._extra = self._extra[:max_items - share], self._extra[max_items - share:]
+        wanted = max_items - len(served)
+        new: list[LevelEntry] = []
+        if wanted > 0:  # (COUNT 0 would read them all)
+            read = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", wanted,
+                    "STREAMS", self._streams[0], ">"]
+            try:
+                (reply,), _ = self._send([read], None)
+                if isinstance(reply, Exception):
+                    raise reply
+            except BaseException:
+                self._extra = served + self._extra  # not run: the next fetch serves them (or a rewind)
+                raise
+            new = [(0, entry) for entry in stream_entries(reply)]
+        counts = [0] * self.levels.count
+        for level, _ in served + new:
+            counts[level] += 1
+        emptied = (len(new) < wanted, *(False,) * (self.levels.count - 1))
+        self.scheduler.settle(max_items, Reading(tuple(counts), (0,) * self.levels.count, emptied))
+        self.fresh = False
+        return served + new
 
     def _read_levels(self, max_items: int,
                      wait: list[Any] | None = None) -> tuple[list[LevelEntry], list[bytes] | None]:

@@ -157,23 +157,32 @@ def test_a_worker_sends_each_batch_finish_with_its_next_read(private_url, settin
         return words[following[0]]
 
     def is_read(command: list[str]) -> bool:
-        if not settings:
-            return command[0] == "XREADGROUP"
-        if "priorities" in settings:
-            # Calls at level 0 alone: that level is read on its own, the others' undelivered
-            # entries counted first (LevelSource._read_single), not through READ_LEVELS.
-            return command[:2] == ["XPENDING", Keys("carried").requests_at(1)]
-        return command[:2] == ["EVALSHA", *reads]
+        return _is_read(command, settings, reads)
 
     for n in finished:
         read = next_on_its_connection(n)
         assert is_read(read), (words[n], read)
-    # Levels found empty: the wait for the next entry and the read of the levels after it go
-    # together too (Redis runs the read the moment the blocked XREAD returns).
+    # Levels found empty, a worker waits. With levels, the read itself waits (BLOCK) on every
+    # level; with fair sharing, a blocked XREAD goes with the READ_LEVELS after it (Redis runs
+    # the read the moment the wait returns).
     waits = [n for n, w in enumerate(words) if w[0] == "XREAD"]
-    assert bool(waits) == bool(reads), words
+    assert bool(waits) == ("tenant_sharing" in settings), words
     for n in waits[:-1]:  # the last may still be blocked when the monitor stops
         assert is_read(next_on_its_connection(n)), words[n:]
+    if "priorities" in settings:
+        assert any(is_read(w) and "BLOCK" in w for w in words), words
+
+
+def _is_read(command: list[str], settings: dict, reads: set[str]) -> bool:
+    """Whether ``command`` is the read of a worker of ``settings`` (``reads``: READ_LEVELS's sha)."""
+    if not settings:
+        return command[0] == "XREADGROUP"
+    if "priorities" in settings:
+        # Calls at level 0 alone: one XREADGROUP of every level's stream (LevelSource._read_single),
+        # not READ_LEVELS.
+        streams = command[command.index("STREAMS") + 1:] if command[0] == "XREADGROUP" else []
+        return streams == [Keys("carried").requests_at(level) for level in range(3)] + [">"] * 3
+    return command[:2] == ["EVALSHA", *reads]
 
 
 def _full_batches_then(streamer: RedisStreamer, last: list) -> tuple:

@@ -1,8 +1,9 @@
-"""A worker's reads of priority levels when the most urgent level alone has entries (issue 26):
-level 0 is read with a plain XREADGROUP and the others' undelivered entries counted (XPENDING and
-XLEN), not through READ_LEVELS, whose entries pass through Lua; and nothing the script guaranteed
-is lost on the way (the other levels' shares, an urgent item's next batch, the wait on every
-level, fresh deliveries, a Redis that lost its scripts or a stream)."""
+"""A worker's reads of priority levels while the less urgent levels are empty (issue 26): one
+XREADGROUP of new entries on every level's stream, with the last batch's FINISH and blocking when
+the worker may wait, not READ_LEVELS, whose entries pass through Lua; and nothing the script
+guaranteed is lost on the way (the other levels' shares, an urgent item's next batch, the wait on
+every level, entries delivered beyond a batch, fresh deliveries, a Redis that lost its scripts or
+a stream)."""
 from __future__ import annotations
 
 import threading
@@ -59,8 +60,8 @@ def _level_0_alone(client: redis.Redis, name: str) -> tuple[Keys, LevelSource, b
     return keys, source, entry
 
 
-def _waits(client: redis.Redis) -> int:
-    return int(client.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
+def _calls(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def _scripts_run(client: redis.Redis) -> int:
@@ -81,26 +82,42 @@ def test_level_0_alone_is_read_in_order_without_the_script(client):
     assert source.fresh is True
 
 
-def test_a_level_that_gets_entries_while_level_0_is_read_alone_gets_its_share_next(client):
-    # Level 2 (weight 1 of 7) gets entries after a read of level 0 alone: that read did not offer
-    # it its share, so the next read owes it two (deficit round robin), and READ_LEVELS reads
-    # both levels again until level 2 is empty.
+def test_a_level_that_gets_entries_while_level_0_is_read_alone_gets_its_share_in_that_read(client):
+    # Level 2 (weight 1 of 7) gets entries while level 0 is read alone: the read that finds them
+    # gives level 2 its share of the batch (floor(10/7) = 1) and level 0 the rest, as READ_LEVELS
+    # would; what it delivered beyond the batch is the next batch, topped up by READ_LEVELS, which
+    # reads both levels until level 2 is empty again.
     keys = Keys("share")
     source = _source(client, keys)
-    _add(client, keys, 0, 100)
+    early = _add(client, keys, 0, 100)
     assert {level for level, _ in source.fetch(10, timeout=0)} == {0}
     late = _add(client, keys, 2, 3)
-    assert {level for level, _ in source.fetch(10, timeout=0)} == {0}  # read alone: no share yet
-    before = _scripts_run(client)
-    levels = [level for level, _ in source.fetch(10, timeout=0)]
-    assert levels.count(2) == 2, levels  # one share owed, one of this read: floor(2 * 10/7)
-    assert _scripts_run(client) == before + 1
-    rest = source.fetch(10, timeout=0)
-    assert [entry_id for level, (entry_id, _) in rest if level == 2] == late[2:]
-    # Level 2 found empty again: level 0 is read alone.
-    before = _scripts_run(client)
-    assert {level for level, _ in source.fetch(10, timeout=0)} == {0}
-    assert _scripts_run(client) == before
+    scripts = _scripts_run(client)
+    read = source.fetch(10, timeout=0)
+    assert [level for level, _ in read] == [0] * 9 + [2]
+    assert [entry_id for _, (entry_id, _) in read] == early[10:19] + late[:1]
+    assert source.fresh is True and _scripts_run(client) == scripts  # one XREADGROUP, no script
+    # Delivered to this consumer already: level 0's tenth and level 2's other two, first, then
+    # level 0's next entries (its share of the batch stays free for them: an urgent item that
+    # came meanwhile is not held back by kept ones).
+    kept = source.fetch(10, timeout=0)
+    assert [(level, entry_id) for level, (entry_id, _) in kept] == [
+        (0, early[19]), (2, late[1]), (2, late[2]), *((0, entry_id) for entry_id in early[20:27])]
+    assert source.fresh is False  # delivered a read ago: withdrawals are looked for
+    assert _scripts_run(client) == scripts
+    # Then READ_LEVELS until it finds level 2 empty (a read whose shares left no room for level 2
+    # cannot), and level 0 alone again, without the script.
+    read_through_script = 0
+    for _ in range(3):
+        before = _scripts_run(client)
+        assert {level for level, _ in source.fetch(10, timeout=0)} == {0}
+        if _scripts_run(client) == before:
+            break
+        read_through_script += 1
+    else:
+        raise AssertionError("every read went through READ_LEVELS")
+    assert read_through_script <= 1
+    assert client.xpending(keys.requests_at(2), keys.group)["pending"] == 3  # each delivered once
 
 
 def test_an_urgent_item_comes_in_the_next_read_while_a_less_urgent_level_alone_is_busy(client):
@@ -206,28 +223,67 @@ def test_between_calls_at_level_0_a_worker_waits_and_reads_without_the_script(cl
 
 
 def test_an_entry_acked_by_hand_and_left_in_its_stream_does_not_make_the_worker_spin(client):
-    # An acked entry leaves its stream with its ack (FINISH); one acked by hand stays, newer than
-    # every pending entry: a wait from the newest pending id would end at once, every time. After
-    # such a wait the ids come from READ_LEVELS (the newest entries themselves): the next wait
-    # blocks.
+    # An acked entry leaves its stream with its ack (FINISH); one acked by hand stays. A wait for
+    # new entries ('>') is not ended by it: each wait runs its time, one read each.
     keys, source, entry = _level_0_alone(client, "acked")
     client.xack(keys.requests, keys.group, entry)  # by hand: no XDEL
-    waits = _waits(client)
+    reads, waits = _calls(client, "xreadgroup"), _calls(client, "xread")
     started = time.monotonic()
     assert [source.fetch(10, timeout=0.3) for _ in range(3)] == [[], [], []]
-    assert time.monotonic() - started >= 0.55  # the two waits after the first ran their 0.3 s
-    assert _waits(client) - waits == 3
+    assert time.monotonic() - started >= 0.85  # each of the three waits ran its 0.3 s
+    assert _calls(client, "xreadgroup") - reads == 3 and _calls(client, "xread") == waits
 
 
 def test_an_idle_workers_waits_that_run_their_time_need_no_script(client):
-    # Nothing comes: each wait runs its time. Its ids were good, so the next read alone takes
-    # them from XPENDING again (before, every wait that ran its time sent the next one through
-    # READ_LEVELS); an entry that comes later still ends the wait.
+    # Nothing comes: each wait runs its time, one XREADGROUP each and no script; an entry that
+    # comes later, on any level, still ends the wait.
     keys, source, _ = _level_0_alone(client, "idle")
-    before, waits = _scripts_run(client), _waits(client)
+    before, reads = _scripts_run(client), _calls(client, "xreadgroup")
     assert [source.fetch(10, timeout=0.05) for _ in range(3)] == [[], [], []]
-    assert _waits(client) - waits == 3
+    assert _calls(client, "xreadgroup") - reads == 3
     assert _scripts_run(client) == before
     added: list[bytes] = []
     got, took = _wait_for(source, client, lambda: added.extend(_add(client, keys, 1, 1)))
     assert got == [(1, (added[0], {b"n": b"0"}))] and took < 5
+
+
+def test_entries_kept_from_a_read_are_served_again_once_after_a_rewind(client):
+    # A failed reply rewinds the source: every entry pending with this consumer is served again
+    # from its own backlog, those kept for the next batch too, and each only once.
+    keys, source, first = _level_0_alone(client, "rewind")
+    added = _add(client, keys, 0, 10) + _add(client, keys, 2, 3)
+    assert len(source.fetch(10, timeout=0)) == 10  # three kept
+    source.rewind()
+    again = [entry_id for _ in range(3) for _, (entry_id, _) in source.fetch(10, timeout=0)]
+    assert sorted(again) == sorted([first, *added])  # none of them acked yet
+    assert source.fetch(10, timeout=0) == []
+
+
+def test_an_urgent_item_runs_in_the_next_batch_while_entries_kept_from_a_read_wait(client):
+    # Two less urgent levels get work at once: the read that finds it delivers a batch from
+    # each and keeps what its batch has no room for. An urgent item that comes meanwhile still
+    # runs in the next batch (level 0 keeps its share of it), and the kept entries run in the
+    # batches after, each once, in order within their level.
+    keys, source, _ = _level_0_alone(client, "kept")
+    bulk = {1: _add(client, keys, 1, 10), 2: _add(client, keys, 2, 10)}
+    first = source.fetch(10, timeout=0)
+    assert len(first) == 10 and {level for level, _ in first} == {1, 2}
+    (urgent,) = _add(client, keys, 0, 1)
+    second = source.fetch(10, timeout=0)
+    assert (0, urgent) in [(level, entry_id) for level, (entry_id, _) in second]
+    rest = [source.fetch(10, timeout=0) for _ in range(3)]
+    served = [(level, entry_id) for batch in [first, second, *rest] for level, (entry_id, _) in batch]
+    for level, ids in bulk.items():
+        assert [entry_id for at, entry_id in served if at == level] == ids
+    assert len(served) == 21 and source.fetch(10, timeout=0) == []
+
+
+def test_batches_of_one_serve_kept_entries_one_at_a_time(client):
+    # A batch of one leaves no room to keep for level 0: the kept entry goes first, and a read
+    # never asks for nothing (an XREADGROUP of COUNT 0 would take every entry there is).
+    keys, source, _ = _level_0_alone(client, "one")
+    added = _add(client, keys, 1, 2) + _add(client, keys, 2, 2)
+    served = [source.fetch(1, timeout=0) for _ in range(4)]
+    assert all(len(batch) == 1 for batch in served)
+    assert sorted(entry_id for batch in served for _, (entry_id, _) in batch) == sorted(added)
+    assert source.fetch(1, timeout=0) == []
