@@ -445,6 +445,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 idle_job(lanes)
                 streams[name] = (lanes, Meter(probe, lane_pid))
             ab = a_b(streams, args)
+            # A lane unused costs a lone call nothing either: the same calls on the idle lanes.
+            rows.append(lone(*streams["lanes idle"], args.lone_calls, "lone caller, lanes idle"))
         else:
             ab = []
     loads.append(os.getloadavg())
@@ -474,6 +476,10 @@ def reference_checks(document: dict[str, Any]) -> list[dict[str, Any]]:
                    reference_check("lone caller: Redis µs per item", lone["redis_us"], 50, "at most")]
         if lone["p50_ms"] is not None:  # no call answered: no latency to judge (not a p50 of 0)
             checks.append(reference_check("lone caller: p50 ms", lone["p50_ms"], 0.5, "lower"))
+    idle = rows.get("lone caller, lanes idle")
+    if idle:
+        checks.append(reference_check("lone caller, lanes idle: Redis commands per item", round(idle["commands"], 1),
+                                      10, "at most"))
     for name in (f"{callers} callers", f"{callers} tasks (asyncio)"):
         row = rows.get(name)
         if row:
@@ -500,10 +506,10 @@ def lone_to_floor(document: dict[str, Any]) -> tuple[float, float, float] | None
 
 def format_report(document: dict[str, Any]) -> str:
     """The rows as text: per item costs, then the A/B, then the reference points."""
-    lines = [f"{'phase':<18} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
+    lines = [f"{'phase':<23} {'items/s':>8} {'client µs':>10} {'worker µs':>10} {'redis µs':>9} "
              f"{'cmds':>6} {'p50 ms':>7} {'p99 ms':>7} {'switches':>8}"]
     for r in document["rows"]:
-        lines.append(f"{r['name']:<18} {r['items_per_s']:8,.0f} {r['client_us']:10.1f} {r['worker_us']:10.1f} "
+        lines.append(f"{r['name']:<23} {r['items_per_s']:8,.0f} {r['client_us']:10.1f} {r['worker_us']:10.1f} "
                      f"{r['redis_us']:9.1f} {r['commands']:6.2f} {r['p50_ms'] or 0:7.2f} {r['p99_ms'] or 0:7.2f} "
                      f"{r['switches']:8.2f}")
     ratio = lone_to_floor(document)

@@ -17,7 +17,7 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
             "--ab-seconds", "0.5", "--output", str(tmp_path)]
     assert bench.main(argv) == 0
     report = json.loads((tmp_path / "bench-hotpath.json").read_text())
-    lone, trip, loaded, floor, tasks = report["rows"]
+    lone, trip, loaded, floor, tasks, idle = report["rows"]
     assert lone["items"] == 200 and loaded["items"] > 0 and tasks["items"] > 0
     assert tasks["name"] == "8 tasks (asyncio)"
     for row in (lone, loaded, tasks):
@@ -42,13 +42,19 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
     assert floor["client_us"] > 0 and floor["switches"] > 0 and floor["by_command"] == {}
     assert [r["name"] for r in report["a_b"]] == ["bare", "lanes idle", "lanes idle + fair"]
     assert all(r["items_per_s"] > 0 for r in report["a_b"])
+    # The lone calls again, on the prefix whose lanes are idle: the same commands as the bare
+    # prefix's (no probe of the other levels, no second exchange to wait).
+    assert idle["name"] == "lone caller, lanes idle" and idle["items"] == 200
+    assert idle["by_command"]["xreadgroup"] < 1.1 and "xpending" not in idle["by_command"], idle["by_command"]
+    assert idle["by_command"].get("xread", 0) < 0.1 and idle["commands"] < lone["commands"] + 0.5
     # Each reference point the rows decide, judged: the lone caller's three, each process's CPU
     # under load (threads and tasks) and the idle lanes.
     judged = [c["check"] for c in report["reference_checks"]]
     assert judged[:3] == ["lone caller: Redis commands per item", "lone caller: Redis µs per item",
                           "lone caller: p50 ms"]
     assert sum(name.startswith(("8 callers:", "8 tasks (asyncio):")) for name in judged) == 6
-    assert judged[-1] == "lanes idle: items/s against the bare prefix, %" and len(judged) == 10
+    assert judged[3] == "lone caller, lanes idle: Redis commands per item"
+    assert judged[-1] == "lanes idle: items/s against the bare prefix, %" and len(judged) == 11
     out = capsys.readouterr().out
     assert "commands per item, lone caller" in out and "load average" in out
     assert "compared with the hot path's reference points" in out

@@ -95,3 +95,13 @@ def test_without_a_floor_there_is_no_ratio():
     doc["rows"] = document()["rows"]
     doc["rows"][1]["redis_us"] = 0.0  # a floor that cost Redis nothing measurable: nothing to divide by
     assert lone_to_floor(doc) is None
+
+
+def test_the_lone_calls_on_idle_lanes_are_judged_by_the_lone_callers_commands():
+    doc = document()
+    doc["rows"].append(row("lone caller, lanes idle", 240.0, 170.0, 135.0, 10.04, 0.47))
+    checks = {c["check"]: c for c in reference_checks(doc)}
+    assert checks["lone caller, lanes idle: Redis commands per item"]["ok"]
+    doc["rows"][-1]["commands"] = 22.01  # the other levels probed at each read, and a second wait
+    checks = {c["check"]: c for c in reference_checks(doc)}
+    assert not checks["lone caller, lanes idle: Redis commands per item"]["ok"]
