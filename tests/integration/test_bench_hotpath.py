@@ -42,6 +42,7 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
     assert floor["client_us"] > 0 and floor["switches"] > 0 and floor["by_command"] == {}
     assert [r["name"] for r in report["a_b"]] == ["bare", "lanes idle", "lanes idle + fair"]
     assert all(r["items_per_s"] > 0 for r in report["a_b"])
+    assert report["a_b"][0]["against_bare"] == 0.0 and report["a_b"][1]["against_bare"] is not None
     # The lone calls again, on the prefix whose lanes are idle: the same commands as the bare
     # prefix's (no probe of the other levels, no second exchange to wait).
     assert idle["name"] == "lone caller, lanes idle" and idle["items"] == 200

@@ -105,3 +105,17 @@ def test_the_lone_calls_on_idle_lanes_are_judged_by_the_lone_callers_commands():
     doc["rows"][-1]["commands"] = 22.01  # the other levels probed at each read, and a second wait
     checks = {c["check"]: c for c in reference_checks(doc)}
     assert not checks["lone caller, lanes idle: Redis commands per item"]["ok"]
+
+
+def test_the_idle_lanes_are_judged_by_the_median_of_the_rounds_ratios_when_the_run_has_it():
+    # Two rounds in the slow regime of the threads' client, one in the fast: the medians of
+    # items/s compare a slow round with a fast one (-20 %), each round's own ratio does not.
+    doc = document(lanes_idle=8_000.0)
+    doc["a_b"][1]["against_bare"] = -1.5
+    checks = {c["check"]: c for c in reference_checks(doc)}
+    assert checks["lanes idle: items/s against the bare prefix, %"]["value"] == -1.5
+    doc["reference_checks"] = reference_checks(doc)
+    assert "  lanes idle            8,000 items/s   -1.5%" in format_report(doc)
+    del doc["a_b"][1]["against_bare"]  # a document of an earlier run: the ratio of the medians
+    assert {c["check"]: c for c in reference_checks(doc)}[
+        "lanes idle: items/s against the bare prefix, %"]["value"] == pytest.approx(-20.0)
