@@ -269,8 +269,10 @@ def test_sigterm_drains_without_loss_or_duplicates(redis_url, prefix, workers, t
     assert draining.pid not in live_pids(redis_url, prefix)
 
 
-def test_redis_restart_mid_load(redis_server, redis_url, prefix, workers):
-    workers.start(prefix)
+@pytest.mark.parametrize("settings", [{}, {"priorities": "4,2,1"}], ids=["one level", "levels"])
+def test_redis_restart_mid_load(redis_server, redis_url, prefix, workers, settings):
+    # With levels, the worker is blocked in its read of every level's stream when Redis goes.
+    workers.start(prefix, settings=settings)
     streamer = RedisStreamer(redis_url, prefix, timeout=5)
     assert streamer.predict([1]) == [2]
     redis_server.stop()
