@@ -18,7 +18,7 @@ from ..wire.groups import ensure_groups
 from ..wire.keys import Keys
 from ..wire.scripts import scripts
 from .carry import Carrier
-from .records import Entry, field_dict, stream_entries
+from .records import Entry, entries_by_stream, field_dict, read_new, stream_entries
 
 LevelEntry = tuple[int, Entry]
 """An entry and the priority level (stream) it was read from."""
@@ -177,17 +177,13 @@ class LevelSource(Carrier):
         """One XREADGROUP of new entries on every level's stream, after the carried call, waiting
         up to ``block`` ms (None: not at all) when none has any: the batch (see the class's
         docstring), the rest kept for the next one."""
-        read: list[Any] = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items]
-        if block is not None:
-            read += ["BLOCK", block]
-        read += ["STREAMS", *self._streams, *[">"] * len(self._streams)]
+        read = read_new(self._keys.group, self._consumer, max_items, self._streams, block)
         (reply,), fresh = self._send([read], None)
         if isinstance(reply, Exception):
             raise reply
         delivered: list[list[Entry]] = [[] for _ in self._streams]
-        # {stream: entries} in RESP3, [[stream, entries], ...] in RESP2, None when nothing came.
-        for stream, rows in (reply.items() if isinstance(reply, dict) else reply or []):
-            delivered[self._streams_level[stream]] = [(entry_id, field_dict(flat)) for entry_id, flat in rows]
+        for stream, entries in entries_by_stream(reply):
+            delivered[self._streams_level[stream]] = entries
         if any(delivered[1:]):
             self._single = False  # a less urgent level is in use: READ_LEVELS gives each its share
         # What READ_LEVELS would have taken from levels holding these entries: a level that gave
@@ -213,8 +209,7 @@ class LevelSource(Carrier):
         wanted = max_items - len(served)
         new: list[LevelEntry] = []
         if wanted > 0:  # (COUNT 0 would read them all)
-            read = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", wanted,
-                    "STREAMS", self._streams[0], ">"]
+            read = read_new(self._keys.group, self._consumer, wanted, self._streams[:1])
             try:
                 (reply,), _ = self._send([read], None)
                 if isinstance(reply, Exception):

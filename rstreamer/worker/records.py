@@ -3,6 +3,7 @@ and the worker's counters. Shared by the loop and its lanes (the generative lane
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +19,26 @@ def field_dict(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
     return None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))
 
 
+def read_new(group: str, consumer: str, count: int, streams: Sequence[str], block: int | None = None) -> list[Any]:
+    """XREADGROUP of up to ``count`` new entries ('>') of each of ``streams``, as written on a
+    connection, waiting up to ``block`` ms for the first (None: not at all)."""
+    read: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", count]
+    if block is not None:
+        read += ["BLOCK", block]
+    return [*read, "STREAMS", *streams, *[">"] * len(streams)]
+
+
+def entries_by_stream(reply: Any) -> list[tuple[bytes, list[Entry]]]:
+    """XREADGROUP's reply as Redis sends it ({stream: entries} in RESP3, [[stream, entries]] in
+    RESP2, None when nothing came; an entry is [id, [field, value, ...]]): each stream that had
+    entries, with them."""
+    pairs = reply.items() if isinstance(reply, dict) else reply or []
+    return [(stream, [(entry_id, field_dict(flat)) for entry_id, flat in rows]) for stream, rows in pairs]
+
+
 def stream_entries(reply: Any) -> list[Entry]:
-    """The entries of XREADGROUP's reply as Redis sends it: {stream: entries} in RESP3, [[stream,
-    entries]] in RESP2, None when nothing came; an entry is [id, [field, value, ...]]."""
-    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply or []]
-    return [(entry_id, field_dict(flat)) for entries in streams for entry_id, flat in entries]
+    """The entries of XREADGROUP's reply, every stream's (see :func:`entries_by_stream`)."""
+    return [entry for _, entries in entries_by_stream(reply) for entry in entries]
 
 
 # Not frozen: one is built per item on the hot path, and a frozen dataclass's __init__ costs

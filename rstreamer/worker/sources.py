@@ -17,7 +17,7 @@ from ..wire.keys import Keys, is_reply_token
 from ..wire.scripts import scripts
 from .carry import Carried, Carrier, ReadAhead
 from .levelsource import LevelSource, SingleLevel
-from .records import Entry, Parsed, field_dict, stream_entries
+from .records import Entry, Parsed, field_dict, read_new, stream_entries
 
 
 class StreamSource(Carrier):
@@ -104,10 +104,7 @@ class StreamSource(Carrier):
         return entries, True
 
     def _xreadgroup(self, max_items: int, block: int | None) -> list[Any]:
-        read: list[Any] = ["XREADGROUP", "GROUP", self._keys.group, self._consumer, "COUNT", max_items]
-        if block is not None:
-            read += ["BLOCK", block]
-        return [*read, "STREAMS", self._keys.requests, ">"]
+        return read_new(self._keys.group, self._consumer, max_items, [self._keys.requests], block)
 
     def _read_own_pending(self, cursor: str, max_items: int) -> list[Entry]:
         # Not XREADGROUP from an id: that would count as one more delivery toward max_deliveries.
