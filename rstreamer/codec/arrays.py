@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -28,15 +28,23 @@ def _is_plain(dtype: Any) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _ndarray_header(dtype: Any, shape: tuple[int, ...]) -> bytes:
+    """The (dtype, shape) header of an array's payload, or EncodeError for a dtype that cannot be
+    sent. Cached: a model answers arrays of a few dtypes and shapes, and writing the header cost
+    more than copying a 768-float vector's bytes (issue 26)."""
+    if not _is_plain(dtype):
+        raise EncodeError(f"numpy dtype {dtype} cannot be sent; use a plain numeric dtype")
+    header: bytes = msgpack.packb([dtype.str, list(shape)])
+    return header
+
+
 def encode_ndarray(array: Any) -> bytes:
     """A numpy array as dtype, shape and raw bytes (object dtypes are refused)."""
-    if not _is_plain(array.dtype):
-        raise EncodeError(f"numpy dtype {array.dtype} cannot be sent; use a plain numeric dtype")
     # not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
     data = array if array.flags.c_contiguous else array.copy(order="C")
-    header: bytes = msgpack.packb([data.dtype.str, list(data.shape)])
     raw: bytes = data.tobytes()
-    return header + raw
+    return _ndarray_header(data.dtype, data.shape) + raw
 
 
 def encode_tensor(tensor: Any) -> bytes:
@@ -64,8 +72,25 @@ def encode_tensor(tensor: Any) -> bytes:
     return header + raw
 
 
+class _Header(NamedTuple):
+    encoded: bytes
+    dtype_name: str
+    shape: tuple[int, ...]
+
+
+# The last header split (see _split_header); None before the first.
+_last_header: _Header | None = None
+
+
 def _split_header(data: bytes) -> tuple[str, tuple[int, ...], memoryview]:
     """Split an extension payload into its (dtype name, shape) header and its raw bytes."""
+    global _last_header
+    last = _last_header
+    if last is not None and data.startswith(last.encoded):
+        # msgpack reads a value from its first byte on: a payload that starts with the bytes of
+        # the last header holds that header. A client receiving one shape of array again and
+        # again splits it without making an Unpacker (half its decode of a 768-float vector).
+        return last.dtype_name, last.shape, memoryview(data)[len(last.encoded):]
     unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
     header = unpacker.unpack()
@@ -74,7 +99,9 @@ def _split_header(data: bytes) -> tuple[str, tuple[int, ...], memoryview]:
     dtype_name, shape = header
     if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
         raise DecodeError(f"invalid array shape {shape!r:.100}")
-    return dtype_name, tuple(shape), memoryview(data)[unpacker.tell():]
+    size = unpacker.tell()
+    _last_header = _Header(bytes(data[:size]), dtype_name, tuple(shape))  # one assignment: safe across threads
+    return dtype_name, tuple(shape), memoryview(data)[size:]
 
 
 def _check_size(shape: tuple[int, ...], itemsize: int, raw: memoryview) -> None:
@@ -90,14 +117,27 @@ def decode_ndarray(data: bytes) -> Any:
     import numpy as np
 
     dtype_name, shape, raw = _split_header(data)
-    dtype = np.dtype(dtype_name)  # parses a type string; never unpickles
-    if not _is_plain(dtype):
-        raise DecodeError(f"numpy dtype {dtype_name!r} is refused")
+    dtype = _numpy_dtype(dtype_name)
     _check_size(shape, dtype.itemsize, raw)
     if dtype.kind == "b" and np.frombuffer(raw, np.uint8).max(initial=0) > 1:
         raise DecodeError("boolean array holds bytes other than 0 and 1")
     # copy(): frombuffer alone gives a read-only, misaligned view of msgpack's bytes.
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+@functools.lru_cache(maxsize=256)
+def _numpy_dtype(name: str) -> Any:
+    """The plain numpy dtype a header names (parsed from its string; never unpickled), or
+    DecodeError. Cached: parsing it cost as much as copying a 768-float vector."""
+    import numpy as np
+
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError) as exc:
+        raise DecodeError(f"numpy dtype {name!r} is refused: {exc}") from exc
+    if not _is_plain(dtype):
+        raise DecodeError(f"numpy dtype {name!r} is refused")
+    return dtype
 
 
 @functools.cache
