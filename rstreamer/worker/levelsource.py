@@ -55,6 +55,10 @@ class SingleLevel:
         """Serve this consumer's own unacked entries again, before new ones."""
         self.source.rewind()
 
+    def unserved(self) -> list[LevelEntry]:
+        """Nothing: the plain stream's fetch returns all that its read delivered."""
+        return []
+
 
 class LevelSource(Carrier):
     """The ItemSource of a worker that serves several priority levels.
@@ -114,6 +118,12 @@ class LevelSource(Carrier):
         self._cursors = ["-"] * self.levels.count
         self._extra = []  # pending with this consumer: served again with the rest of its backlog
         self.drop()
+
+    def unserved(self) -> list[LevelEntry]:
+        """Take the entries delivered to this consumer that no fetch returned yet (those a read of
+        every level kept beyond its batch): a worker that stops runs them."""
+        entries, self._extra = self._extra, []
+        return entries
 
     def fetch(self, max_items: int, timeout: float) -> list[LevelEntry]:
         """Up to ``max_items`` (level, entry) pairs: this consumer's own backlog first, then new

@@ -312,6 +312,7 @@ class RedisWorker:
             self._settle_carried()
         except redis.RedisError as exc:  # its entries stay pending: whoever serves the prefix next runs them
             logger.warning("worker %s: could not answer the last batch before stopping: %s", self.name, exc)
+        self._run_unserved()
         self._drain_held()
         self._webhooks.stop(wait_webhooks)
         left = 0
@@ -440,6 +441,20 @@ class RedisWorker:
                 raise
             except Exception:  # the answer itself is what fails: the dead letter alone
                 self._finish([], dead, [batch[0].ref])
+
+    def _run_unserved(self) -> None:
+        """Run the entries the source took and no batch served yet (what a read of every level
+        delivered beyond its batch): they were delivered to this worker, so they are its to answer,
+        not a peer's to reclaim after ``dead_after``."""
+        try:
+            entries = self._source.unserved()
+            size = self.policy.batch_size
+            for start in range(0, len(entries), size):
+                parsed = [self._parse(entry, level) for level, entry in entries[start:start + size]]
+                self._run(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
+        except Exception as exc:  # a Redis error, or a defect: they stay pending, a peer reclaims them
+            logger.warning("worker %s: could not run the entries it read before stopping: %s: %s", self.name,
+                           type(exc).__name__, exc)
 
     def _drain_held(self) -> None:
         """Run the items a cost-aware batcher (or the generative lane) still holds: they were

@@ -6,22 +6,27 @@ every level, entries delivered beyond a batch, fresh deliveries, a Redis that lo
 a stream)."""
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from rstreamer.batching.priority import Levels
 from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client.sync import RedisStreamer
 from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
 from rstreamer.worker.carry import Carried
 from rstreamer.worker.levelsource import LevelSource
 from support.polling import wait_until
+from support.procs import WorkerProcesses
 
 WEIGHTS = (4, 2, 1)
+QUIET = {"heartbeat_interval": 5.0, "dead_after": 30.0, "reclaim_interval": 5.0}
 
 
 @pytest.fixture(scope="module")
@@ -287,3 +292,40 @@ def test_batches_of_one_serve_kept_entries_one_at_a_time(client):
     assert all(len(batch) == 1 for batch in served)
     assert sorted(entry_id for batch in served for _, (entry_id, _) in batch) == sorted(added)
     assert source.fetch(1, timeout=0) == []
+
+
+def test_a_worker_that_stops_runs_the_entries_it_kept_from_a_read_of_every_level(redis_url, tmp_path):
+    # A read of every level takes both levels' entries: a batch, and the rest kept for the next
+    # batches. SIGTERM while that batch runs: the worker drains, and the kept entries were
+    # delivered to it. Left pending, their callers would wait for a peer to reclaim them after
+    # dead_after (30 s here, and no peer at all).
+    gate_a, gate_b = tmp_path / "a", tmp_path / "b"
+    workers = WorkerProcesses(redis_url)
+    try:
+        proc = workers.start("kept-stop", batch_size=4, max_latency=0.5, settings={**QUIET, "priorities": "4,2,1"})
+        with RedisStreamer(redis_url, "kept-stop", timeout=30) as streamer:
+            assert streamer.predict([0]) == [0]  # the less urgent levels are empty: one XREADGROUP reads them all
+            first = streamer.submit([["wait_for", str(gate_a)], 0, 0, 0])
+            wait_until(lambda: Path(f"{gate_a}.entered").exists(), timeout=10)
+            urgent = streamer.submit([["wait_for", str(gate_b)], 1, 2, 3])
+            later = streamer.submit([4, 5, 6, 7], priority=1)
+            streams = [streamer.keys.requests_at(level) for level in (0, 1)]
+            wait_until(lambda: sum(streamer.redis.xlen(stream) for stream in streams) == 12, timeout=10)
+            gate_a.touch()
+            wait_until(lambda: Path(f"{gate_b}.entered").exists(), timeout=10)
+
+            def pending() -> int:
+                return sum(int(streamer.redis.xpending(stream, streamer.keys.group)["pending"]) for stream in streams)
+
+            wait_until(lambda: pending() == 8, timeout=10)  # the running batch and the kept entries
+            proc.send_signal(signal.SIGTERM)
+            gate_b.touch()
+            assert first.result(20) == ["waited", 0, 0, 0]
+            assert urgent.result(20) == ["waited", 2, 4, 6]
+            assert later.result(20) == [8, 10, 12, 14]
+            assert proc.wait(20) == 0
+            assert pending() == 0
+    finally:
+        gate_a.touch()
+        gate_b.touch()
+        workers.stop_all()

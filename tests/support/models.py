@@ -17,7 +17,8 @@ def double(batch: list[Any]) -> list[Any]:
 
 
 class Doubler(ManagedModel):
-    """x -> 2x; 'boom' raises; 'kill' kills the process; ('sleep', s) sleeps s seconds."""
+    """x -> 2x; 'boom' raises; 'kill' kills the process; ('sleep', s) sleeps s seconds;
+    ('wait_for', path) waits (up to 60 s) until a file is at that path."""
 
     def init_model(self, *args: Any, **kwargs: Any) -> None:
         self.delay = float(kwargs.get("delay", 0.0))
@@ -33,10 +34,25 @@ class Doubler(ManagedModel):
                 time.sleep(float(item[1]))
                 outputs.append("slept")
                 continue
+            if isinstance(item, list) and item[:1] == ["wait_for"]:
+                outputs.append(_wait_for_file(item[1]))
+                continue
             outputs.append(item * 2)
         if self.delay:
             time.sleep(self.delay)
         return outputs
+
+
+def _wait_for_file(path: str, timeout: float = 60.0) -> str:
+    """'waited' once a file is at ``path`` (a test's gate), 'gate timed out' after ``timeout`` s;
+    ``path`` + '.entered' is created when the wait starts (the batch is running)."""
+    open(path + ".entered", "w").close()
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return "gate timed out"
+        time.sleep(0.005)
+    return "waited"
 
 
 class WrongLength(ManagedModel):
