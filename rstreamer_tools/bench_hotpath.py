@@ -16,8 +16,10 @@ from ``--callers`` asyncio tasks of an ``AsyncRedisStreamer`` in one event loop 
 ASGI apps), per item the same figures. Then an A/B:
 items/s of a bare prefix against prefixes whose lanes are configured but idle (priority levels,
 tenant quotas, jobs and webhooks; the same plus fair sharing), in alternating rounds, both
-workers alive throughout. Last, the run against issue 26's reference points (the targets of the
-hot path in docs/performance.md): reached or not, each.
+workers alive throughout. Beside them, what an answer of an embedding model costs the codec
+(a vector of 768 float32): its encoding and its reply row in the worker, its decoding in the
+client, best of three timings. Last, the run against issue 26's reference points (the targets of
+the hot path in docs/performance.md): reached or not, each.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import timeit
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,10 +44,13 @@ from typing import Any
 
 import redis
 
+from rstreamer import codec
+from rstreamer.batching.batcher import Outcome
 from rstreamer.broker.embedded import EmbeddedRedis
 from rstreamer.client.aio import AsyncRedisStreamer
 from rstreamer.client.sync import RedisStreamer
 from rstreamer.ops.metrics import percentile
+from rstreamer.wire.messages import pack_results
 from rstreamer.wire.published import wait_for_live_workers
 from rstreamer_tools.bench import format_reference_checks, reference_check
 from rstreamer_tools.processes import stop_group
@@ -432,6 +438,26 @@ def a_b(streams: dict[str, tuple[RedisStreamer, Meter]], args: argparse.Namespac
     return rows
 
 
+def array_answer(dimensions: int = 768, number: int = 5000) -> dict[str, float] | None:
+    """µs an answer of ``dimensions`` float32 costs the codec, best of three timings of ``number``:
+    its encoding and its reply row (the worker), its decoding (the client); None without numpy
+    (an extra: the rest of the bench needs none)."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+
+    vector = numpy.zeros(dimensions, numpy.float32)
+    encoded = codec.packb(vector)
+    rows: list[tuple[int, Outcome[Any]]] = [(0, Outcome(True, value=vector))]
+
+    def best(call: Callable[[], object]) -> float:
+        return round(min(timeit.repeat(call, number=number, repeat=3)) / number * 1e6, 2)
+
+    return {"dimensions": dimensions, "encode_us": best(lambda: codec.packb(vector)),
+            "decode_us": best(lambda: codec.unpackb(encoded)), "reply_row_us": best(lambda: pack_results(rows))}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every phase; the document written to bench-hotpath.json."""
     loads = [os.getloadavg()]
@@ -461,10 +487,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(lone(*streams["lanes idle"], args.lone_calls, "lone caller, lanes idle"))
         else:
             ab = []
+    answer = array_answer()
     loads.append(os.getloadavg())
     return {"machine": {"cpus": os.cpu_count(), "load_before": loads[0], "load_after": loads[1],
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")},
-            "options": vars(args), "rows": [asdict(r) for r in rows], "a_b": [asdict(r) for r in ab]}
+            "options": vars(args), "rows": [asdict(r) for r in rows], "a_b": [asdict(r) for r in ab],
+            "array_answer": answer}
 
 
 LOAD_REFERENCES = (("client_us", "client µs", 40.0), ("worker_us", "worker µs", 15.0), ("redis_us", "Redis µs", 8.0))
@@ -551,6 +579,11 @@ def format_report(document: dict[str, Any]) -> str:
         for r in ab:
             top = ", ".join(f"{name} {calls:.2f}" for name, calls in list(r["by_command"].items())[:12])
             lines.append(f"commands per item, {r['name']}: {top}")
+    answer = document.get("array_answer")  # absent from a document written before it existed
+    if answer:
+        lines.append(f"an answer of {answer['dimensions']} float32: encoded in {answer['encode_us']:.2f} µs and its "
+                     f"reply row in {answer['reply_row_us']:.2f} µs (the worker), decoded in {answer['decode_us']:.2f} "
+                     "µs (the client); best of three timings")
     lines.append(format_reference_checks(document["reference_checks"], REFERENCES_TITLE))
     machine = document["machine"]
     lines.append(f"{machine['cpus']} CPUs, load average {machine['load_before'][0]:.2f} before, "

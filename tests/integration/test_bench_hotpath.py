@@ -18,6 +18,8 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
     assert bench.main(argv) == 0
     report = json.loads((tmp_path / "bench-hotpath.json").read_text())
     lone, trip, loaded, floor, tasks, idle = report["rows"]
+    answer = report["array_answer"]
+    assert answer["dimensions"] == 768 and min(answer["encode_us"], answer["decode_us"], answer["reply_row_us"]) > 0
     assert lone["items"] == 200 and loaded["items"] > 0 and tasks["items"] > 0
     assert tasks["name"] == "8 tasks (asyncio)"
     for row in (lone, loaded, tasks):

@@ -119,3 +119,14 @@ def test_the_idle_lanes_are_judged_by_the_median_of_the_rounds_ratios_when_the_r
     del doc["a_b"][1]["against_bare"]  # a document of an earlier run: the ratio of the medians
     assert {c["check"]: c for c in reference_checks(doc)}[
         "lanes idle: items/s against the bare prefix, %"]["value"] == pytest.approx(-20.0)
+
+
+def test_the_report_gives_what_an_array_answer_costs_the_codec_when_the_run_measured_it():
+    answer = {"dimensions": 768, "encode_us": 1.92, "decode_us": 4.62, "reply_row_us": 5.28}
+    measured = {**document(), "array_answer": answer}
+    measured["reference_checks"] = reference_checks(measured)
+    assert ("an answer of 768 float32: encoded in 1.92 µs and its reply row in 5.28 µs (the worker), decoded in "
+            "4.62 µs (the client)") in format_report(measured)
+    earlier = {**document()}
+    earlier["reference_checks"] = reference_checks(earlier)
+    assert "float32" not in format_report(earlier)  # a document written before the figure existed
