@@ -61,7 +61,7 @@ _Encoder = Callable[[Any, int], bytes]  # (value, nesting depth) -> extension pa
 _ENCODERS: dict[type, tuple[int, _Encoder]] = {}  # by exact type
 # numpy's ndarray and torch's Tensor once met (see _encode_lazy), by exact type: the ext is then
 # made without asking who they are again (a 768-float vector, which a worker encodes per item of
-# an embedding model: 9.9 us on a 2-vCPU VM, of which 0.3 us copy its bytes; issue 26).
+# an embedding model: 4.96 -> 1.92 us on a 2-vCPU VM, of which 0.3 us copy its bytes; issue 26).
 _ARRAY_ENCODERS: dict[type, tuple[int, _Encoder]] = {}
 _LEAF_DECODERS: dict[int, Callable[[bytes], Any]] = {}  # payload -> value
 _NESTED_DECODERS: dict[int, Callable[[Any], Any]] = {}  # unpacked payload -> value

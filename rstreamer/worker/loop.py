@@ -445,13 +445,16 @@ class RedisWorker:
     def _run_unserved(self) -> None:
         """Run the entries the source took and no batch served yet (what a read of every level
         delivered beyond its batch): they were delivered to this worker, so they are its to answer,
-        not a peer's to reclaim after ``dead_after``."""
+        not a peer's to reclaim after ``dead_after``. A generative lane takes them to step."""
         try:
-            entries = self._source.unserved()
+            parsed = [self._parse(entry, level) for level, entry in self._source.unserved()]
+            if self._lane is not None:  # a generative lane steps them with the rest (see _drain_held)
+                self._lane.adopt(parsed)
+                return
             size = self.policy.batch_size
-            for start in range(0, len(entries), size):
-                parsed = [self._parse(entry, level) for level, entry in entries[start:start + size]]
-                self._run(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
+            for start in range(0, len(parsed), size):
+                batch = parsed[start:start + size]
+                self._run(batch, [self._batcher.cost(p) if self._batcher.cost else 1 for p in batch])
         except Exception as exc:  # a Redis error, or a defect: they stay pending, a peer reclaims them
             logger.warning("worker %s: could not run the entries it read before stopping: %s: %s", self.name,
                            type(exc).__name__, exc)

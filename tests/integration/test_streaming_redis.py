@@ -4,6 +4,7 @@ mid-stream, and many concurrent streams batched continuously."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,37 @@ def test_sigterm_drains_the_live_generations(workers: WorkerProcesses, redis_url
         steps += [chunk[0] for chunk in stream]
     assert steps == list(range(40))
     assert worker.wait(30) == 0
+
+
+def test_a_stopping_generative_worker_steps_what_a_read_of_every_level_kept_to_the_end(
+        workers: WorkerProcesses, redis_url: str, prefix: str, redis_client: redis.Redis) -> None:
+    # Two long generations hold half the lane. A read of every level (the less urgent levels were
+    # empty) then finds two items on level 0 and two on level 1: the lane takes two, the source
+    # keeps the other two, delivered to this worker. SIGTERM: the worker runs every one of them
+    # to its end, the kept ones too (before, they went through the plain batch path, not the lane).
+    worker = workers.start(prefix, model=TICKER, init_kwargs={"delay": 0.05}, batch_size=4,
+                           settings={"priorities": "4,2,1"})
+    keys = Keys(prefix)
+    streams = [keys.requests_at(level) for level in (0, 1)]
+
+    def delivered() -> int:
+        return sum(int(redis_client.xpending(stream, keys.group)["pending"]) for stream in streams)
+
+    with RedisStreamer(redis_url, prefix) as streamer:
+        calls = [streamer.submit([{"n": 60}], timeout=30) for _ in range(2)]
+        wait_until(lambda: delivered() == 2, 20, what="the long generations started")
+        worker.send_signal(signal.SIGSTOP)  # the four calls are queued before the worker reads one
+        try:
+            calls += [streamer.submit([{"n": 40}], timeout=30, priority=level) for level in (0, 0, 1, 1)]
+            wait_until(lambda: sum(redis_client.xlen(stream) for stream in streams) == 6, 10, what="queued")
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        wait_until(lambda: delivered() == 6, 20, what="the four delivered: two in the lane, two kept")
+        worker.terminate()
+        steps = [call.result(35)[0][::2] for call in calls]  # chunks [step, live], flat
+    assert steps == [list(range(60))] * 2 + [list(range(40))] * 4
+    assert worker.wait(30) == 0
+    assert delivered() == 0
 
 
 def worker_counters(client: redis.Redis, prefix: str) -> dict[str, Any]:
