@@ -62,6 +62,9 @@ class Receiver:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        # An accept that would block (a connection gone between the loop's select and its accept)
+        # times out instead: the loop goes on, and close() never waits for it for ever.
+        self.server.socket.settimeout(1.0)
         self.port = self.server.server_port
         self.url = f"http://127.0.0.1:{self.port}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -73,7 +76,10 @@ class Receiver:
     def close(self) -> None:
         if self.hold is not None:
             self.hold.set()  # server_close() waits for the held request's thread
-        self.server.shutdown()
+        # Bounded: a test that failed must still end (a CI run once hung here, in shutdown()).
+        stopper = threading.Thread(target=self.server.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(10)
         self.server.server_close()
 
 
