@@ -179,11 +179,7 @@ def _unsupported(obj: Any) -> EncodeError:
 
 def _default(obj: Any, depth: int = 0) -> Any:
     """The hook msgpack calls for every value that is not exactly one of its own types."""
-    entry = _ENCODERS.get(type(obj))
-    if entry is not None:
-        code, encode = entry
-        return _ext(code, encode(obj, depth))
-    entry = _ARRAY_ENCODERS.get(type(obj))
+    entry = _ENCODERS.get(type(obj)) or _ARRAY_ENCODERS.get(type(obj))
     if entry is not None:
         code, encode = entry
         return _ext(code, encode(obj, depth))

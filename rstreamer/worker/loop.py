@@ -454,10 +454,15 @@ class RedisWorker:
             size = self.policy.batch_size
             for start in range(0, len(parsed), size):
                 batch = parsed[start:start + size]
-                self._run(batch, [self._batcher.cost(p) if self._batcher.cost else 1 for p in batch])
+                self._run(batch, self._costs(batch))
         except Exception as exc:  # a Redis error, or a defect: they stay pending, a peer reclaims them
             logger.warning("worker %s: could not run the entries it read before stopping: %s: %s", self.name,
                            type(exc).__name__, exc)
+
+    def _costs(self, parsed: list[Parsed]) -> list[int]:
+        """The items' costs for a batch that did not come through the batcher (1 each without a cost model)."""
+        cost = self._batcher.cost
+        return [cost(p) for p in parsed] if cost else [1] * len(parsed)
 
     def _drain_held(self) -> None:
         """Run the items a cost-aware batcher (or the generative lane) still holds: they were
@@ -699,7 +704,7 @@ class RedisWorker:
                 self._lane.adopt([self._parse(entry, level) for entry in claimed])
             elif claimed:
                 parsed = [self._parse(entry, level) for entry in claimed]
-                self._process_guarded(parsed, [self._batcher.cost(p) if self._batcher.cost else 1 for p in parsed])
+                self._process_guarded(parsed, self._costs(parsed))
 
     def _dead_letter_claimed(self, level: int, claimed: list[Entry], deliveries: dict[bytes, int]) -> None:
         answers, dead = [], []
