@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .batching.batcher import BatchPolicy
 from .batching.costing import CostBudget, parse_cost_model
-from .batching.priority import Levels
+from .batching.priority import DIRECT_BATCHES, Levels
 from .batching.quotas import Quotas
 from .errors import ConfigError
 
@@ -280,11 +280,11 @@ class WorkerSettings(EnvSettings):
     webhooks: WebhookSettings = field(default_factory=lambda: WebhookSettings.from_env())
 
     def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         self.cost_budget()  # validates the cost settings
         self.levels()  # validates the priority levels
         self.quotas()  # validates the tenant quotas
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _positive("max_latency", self.max_latency, allow_zero=True)
         for name in ("heartbeat_interval", "reclaim_interval", "reply_ttl", "idle_block",
                      "drain_timeout", "max_item_bytes", "dead_max_len", "dead_max_bytes"):
@@ -307,8 +307,11 @@ class WorkerSettings(EnvSettings):
         return Quotas.parse(self.tenant_rate, self.tenant_burst, self.tenant_quotas)
 
     def levels(self) -> Levels:
-        """The priority levels these settings describe."""
-        return Levels.parse(self.priorities, self.level_max_queue, parse_tenant_sharing(self.tenant_sharing) == "fair")
+        """The priority levels these settings describe; with fair sharing, their direct bound is
+        this worker's share (:data:`~rstreamer.batching.priority.DIRECT_BATCHES` batches)."""
+        fair = parse_tenant_sharing(self.tenant_sharing) == "fair"
+        direct = DIRECT_BATCHES * self.batch_size if fair else 1
+        return Levels.parse(self.priorities, self.level_max_queue, fair, direct)
 
     def cost_budget(self) -> CostBudget:
         """The cost side of the batch policy these settings describe."""

@@ -14,6 +14,11 @@ Request entry, version 2 (stream fields)::
     d  the same deadline on the client's wall clock (epoch ms), read only by version-1 workers
     p  the item, msgpack
 
+and optionally ``tp`` (the caller's W3C traceparent, rstreamer.ops.tracing) and ``h`` (``1``: the
+item was held by fair sharing and moved to the stream, wire/lua/include/fair.lua; a worker that
+reads one checks the batch for withdrawals before predict). Fields a worker does not know are
+ignored.
+
 Version 1 (rstreamer before the wire version) has no ``v`` and no ``r``: ``d`` is the deadline.
 
 Reply message, version 2: a msgpack map ``{"v": 2, "r": rows}`` whose rows are ``[index, True,

@@ -23,6 +23,15 @@ from .records import Entry, entries_by_stream, field_dict, read_new, stream_entr
 LevelEntry = tuple[int, Entry]
 """An entry and the priority level (stream) it was read from."""
 
+MOVED = b"h"
+"""The field of an entry that fair sharing held and then moved to its stream (wire/lua/include/fair.lua)."""
+
+
+def _moved(entry: Entry) -> bool:
+    """Whether ``entry`` was held and moved to its stream (not added directly)."""
+    fields = entry[1]
+    return fields is not None and MOVED in fields
+
 
 class EntrySource(Protocol):
     """A source of one stream's entries (the worker's StreamSource)."""
@@ -83,8 +92,12 @@ class LevelSource(Carrier):
     most urgent), and the rest, delivered to this consumer already, is the next batch
     (:meth:`_serve_extra`). A read that found entries on a less urgent level goes back to
     READ_LEVELS until the others are found empty again, so the shares hold while they are in
-    use. Not with fair sharing (held items move to the streams as they are read), nor on a
-    client without one connection to write the commands on (Redis Cluster).
+    use. With fair sharing, only while no level holds items (a tenant alone on its level,
+    whose calls go onto the stream directly, see Levels.direct): READ_LEVELS found none, and each
+    such read asks again once it returns (an EXISTS written after it); a level found holding
+    items, or an entry that was held and moved, sends the reads back through READ_LEVELS, which
+    moves held items to the streams. Not on a client without one connection to write the
+    commands on (Redis Cluster).
     """
 
     def __init__(self, client: RedisClient, keys: Keys, consumer: str, levels: Levels,
@@ -107,10 +120,11 @@ class LevelSource(Carrier):
         # Entries such a read delivered beyond its batch, with their levels: the next batch.
         self._extra: list[LevelEntry] = []
         self._streams_level = {stream.encode(): level for level, stream in enumerate(self._streams)}
+        self._held = [keys.level_keys(level)[1] for level in range(levels.count)]  # fair sharing's held items
         self.fresh = False
-        """Whether the last fetch's entries were delivered new. Never with fair sharing: a
-        withdrawal of an item moved to its stream is marked before any worker reads it (see
-        wire/lua/cancel.lua)."""
+        """Whether the last fetch's entries were delivered new. With fair sharing, not when one
+        of them was held and moved to its stream (its field ``h``): a withdrawal of such an item
+        is marked before any worker reads it (see wire/lua/cancel.lua)."""
 
     def rewind(self) -> None:
         """Serve this consumer's own unacked entries again, before new ones; a carried call not
@@ -188,7 +202,13 @@ class LevelSource(Carrier):
         up to ``block`` ms (None: not at all) when none has any: the batch (see the class's
         docstring), the rest kept for the next one."""
         read = read_new(self._keys.group, self._consumer, max_items, self._streams, block)
-        (reply,), fresh = self._send([read], None)
+        if self.levels.fair:  # whether a level holds items, asked right after the read returns
+            (reply, holding), fresh = self._send([read, ["EXISTS", *self._held]], None)
+            if isinstance(holding, Exception) and not isinstance(reply, Exception):
+                raise holding
+        else:
+            (reply,), fresh = self._send([read], None)
+            holding = 0
         if isinstance(reply, Exception):
             raise reply
         delivered: list[list[Entry]] = [[] for _ in self._streams]
@@ -196,6 +216,17 @@ class LevelSource(Carrier):
             delivered[self._streams_level[stream]] = entries
         if any(delivered[1:]):
             self._single = False  # a less urgent level is in use: READ_LEVELS gives each its share
+        if self.levels.fair:
+            moved = any(_moved(entry) for rows in delivered for entry in rows)
+            if holding or moved:
+                # Items are held: only READ_LEVELS moves them to the streams. A call holds items
+                # only while its stream has an entry undelivered, or it moves one there at once,
+                # so some read returns after it, and that read's probe finds them: no held item
+                # waits while every worker blocks on empty streams (wire/lua/include/admission.lua,
+                # add). Asked after the read, not before it: a read woken by the one item a
+                # call moved would otherwise have asked before the call held the rest.
+                self._single = False
+            fresh = fresh and not moved  # a moved entry's withdrawal is marked, not deleted
         # What READ_LEVELS would have taken from levels holding these entries: a level that gave
         # the whole COUNT may hold more (not emptied); one that gave fewer has none left.
         reading = simulate_read(self.scheduler.quotas(max_items), [len(rows) for rows in delivered], max_items)
@@ -251,21 +282,22 @@ class LevelSource(Carrier):
                 reply = self._read(keys=self._level_keys, args=args)  # loaded and run
             elif isinstance(reply, Exception):
                 raise reply
-        # Fresh unless fair (a withdrawal of an item moved to its stream is marked before any
-        # worker reads it) or the carried call had to run again after the read.
-        self.fresh = fresh and not self.levels.fair
         entries: list[LevelEntry] = []
         for level, row in enumerate(reply):
-            entries += [(level, (entry_id, field_dict(flat))) for entry_id, flat in row[4:]]
+            entries += [(level, (entry_id, field_dict(flat))) for entry_id, flat in row[5:]]
+        # Fresh unless the carried call had to run again after the read, or, with fair sharing,
+        # an entry was held and moved (a withdrawal of it is marked before any worker reads it).
+        self.fresh = fresh and not (self.levels.fair and any(_moved(entry) for _, entry in entries))
         reading = Reading(tuple(int(row[0]) for row in reply), tuple(int(row[1]) for row in reply),
                           tuple(bool(int(row[2])) for row in reply))
         self.scheduler.settle(max_items, reading)
-        self._single = self._single_level(reading)
+        self._single = self._single_level(reading, any(int(row[4]) for row in reply))
         return entries, None if entries else [row[3] for row in reply]
 
-    def _single_level(self, reading: Reading) -> bool:
-        """Whether ``reading`` found every level but level 0 empty (see the class's docstring)."""
-        if self.levels.fair or not self.can_carry:
+    def _single_level(self, reading: Reading, holding: bool) -> bool:
+        """Whether ``reading`` found every level but level 0 empty and, with fair sharing, no level
+        holding items (``holding``; see the class's docstring)."""
+        if holding or not self.can_carry:
             return False
         return all(reading.emptied[1:])
 

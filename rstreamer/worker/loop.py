@@ -11,7 +11,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import redis
@@ -485,14 +485,17 @@ class RedisWorker:
         sent = time.monotonic()
         now_ms, workers = read_workers(self._redis, self.keys)
         self._clock.observe(now_ms, sent, time.monotonic())
+        self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
         self._publish()  # refreshes their TTL
         self._observers.server_time(now_ms)
-        self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
 
     def _publish(self) -> None:
         """Tell clients the priority levels and tenant quotas this worker serves, and readers the
         pace it runs at (see rstreamer.ops.pace)."""
-        publish_levels(self._redis, self.keys, self.levels)
+        # With fair sharing, the direct bound of every live worker's batches: a tenant that
+        # arrives then waits about the same time whatever the number of workers.
+        levels = replace(self.levels, direct=self.levels.direct * self._hint.peers) if self.levels.fair else self.levels
+        publish_levels(self._redis, self.keys, levels)
         publish_quotas(self._redis, self.keys, self.quotas)
         if self._publishing_pace:
             try:

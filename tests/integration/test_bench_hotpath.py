@@ -45,19 +45,23 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
     assert [r["name"] for r in report["a_b"]] == ["bare", "lanes idle", "lanes idle + fair"]
     assert all(r["items_per_s"] > 0 for r in report["a_b"])
     assert report["a_b"][0]["against_bare"] == 0.0 and report["a_b"][1]["against_bare"] is not None
+    # Fair sharing for callers of no tenant: nothing held and moved (about 13 commands an item when it was).
+    fair = report["a_b"][2]["by_command"]
+    assert fair.get("zadd", 0) < 0.05 and report["a_b"][2]["commands"] < report["a_b"][0]["commands"] + 1, fair
     # The lone calls again, on the prefix whose lanes are idle: the same commands as the bare
     # prefix's (no probe of the other levels, no second exchange to wait).
     assert idle["name"] == "lone caller, lanes idle" and idle["items"] == 200
     assert idle["by_command"]["xreadgroup"] < 1.1 and "xpending" not in idle["by_command"], idle["by_command"]
     assert idle["by_command"].get("xread", 0) < 0.1 and idle["commands"] < lone["commands"] + 0.5
     # Each reference point the rows decide, judged: the lone caller's three, each process's CPU
-    # under load (threads and tasks) and the idle lanes.
+    # under load (threads and tasks) and the idle lanes, with fair sharing for a tenant alone too.
     judged = [c["check"] for c in report["reference_checks"]]
     assert judged[:3] == ["lone caller: Redis commands per item", "lone caller: Redis µs per item",
                           "lone caller: p50 ms"]
     assert sum(name.startswith(("8 callers:", "8 tasks (asyncio):")) for name in judged) == 6
     assert judged[3] == "lone caller, lanes idle: Redis commands per item"
-    assert judged[-1] == "lanes idle: items/s against the bare prefix, %" and len(judged) == 11
+    assert judged[-2:] == ["lanes idle: items/s against the bare prefix, %",
+                           "lanes idle + fair: items/s against the bare prefix, %"] and len(judged) == 12
     out = capsys.readouterr().out
     assert "commands per item, lone caller" in out and "load average" in out
     assert "compared with the hot path's reference points" in out

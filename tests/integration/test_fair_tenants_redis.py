@@ -1,7 +1,9 @@
 """Fair sharing between the tenants of one level (``--tenant-sharing fair``), with real Redis
 and real workers: a tenant's flood does not delay another tenant of the same level, each
 tenant keeps its own order, held items count in the queue bounds and in status, cancelled held
-items never run, and a held item's timeout keeps counting while it is held."""
+items never run, and a held item's timeout keeps counting while it is held. A tenant alone on
+its level goes onto the stream directly, up to a worker's batch, and a batch of such entries is
+not checked for withdrawals as a batch of moved ones is."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from rstreamer import Cancelled, Overloaded, RedisStreamer
-from rstreamer.batching.priority import Levels
+from rstreamer.batching.priority import DIRECT_BATCHES, Levels
 from rstreamer.ops.status import take_snapshots
 from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.messages import REMAINING
-from rstreamer.wire.published import publish_levels
+from rstreamer.wire.published import publish_levels, published_levels
 from rstreamer.worker.levelsource import LevelSource
 from support.procs import wait_until
 
@@ -27,10 +29,11 @@ def executions(log: Path) -> list[int]:
     return [int(line) for line in log.read_text().split()] if log.exists() else []
 
 
-def serve_fairly(redis_client, prefix: str) -> Keys:
-    """Publish fair levels as the workers will, before any worker runs, so that calls queue."""
+def serve_fairly(redis_client, prefix: str, direct: int = 1) -> Keys:
+    """Publish fair levels as the workers will, before any worker runs, so that calls queue
+    (``direct``: the batch size the workers publish, see Levels.direct)."""
     keys = Keys(prefix)
-    levels = Levels(fair=True)
+    levels = Levels(fair=True, direct=direct)
     publish_levels(redis_client, keys, levels)
     ensure_groups(redis_client, keys, levels.count)
     return keys
@@ -167,3 +170,82 @@ def test_a_large_call_is_held_and_moved_whole_in_order(redis_client, redis_url, 
                       settings=FAIR)
         assert held.result(timeout=60) == [2 * n for n in items]
     assert executions(log) == items
+
+
+def test_a_tenant_alone_goes_onto_the_stream_directly_and_one_that_arrives_waits_at_most_a_batch_more(
+        redis_client, redis_url, prefix, workers, tmp_path):
+    """While a fair level holds nothing, a call goes straight onto its stream as long as the stream
+    has at most a worker's batch undelivered (issue 26: holding and moving every item of a tenant
+    alone cost it as much as 13 commands an item); beyond that its items are held, and a tenant
+    that arrives runs in the batch after the direct ones, not behind the whole backlog."""
+    keys = serve_fairly(redis_client, prefix, direct=4)
+    stream, queue = keys.level_keys(0)[0], keys.level_keys(0)[1]
+    log = tmp_path / "runs.log"
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        first = [streamer.submit([1000 + n], tenant="hog") for n in range(3)]
+        first.append(streamer.submit([1003], tenant="hog"))  # 4 undelivered: still within the batch
+        assert (redis_client.xlen(stream), redis_client.zcard(queue)) == (4, 0), "the first 4 directly"
+        rest = [streamer.submit([1004 + 2 * n, 1005 + 2 * n], tenant="hog") for n in range(10)]
+        assert (redis_client.xlen(stream), redis_client.zcard(queue)) == (4, 20), "the next 20 held"
+        light = streamer.submit([7], tenant="light")
+        workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)}, batch_size=4,
+                      settings=FAIR)
+        assert light.result(timeout=30) == [14]
+        assert [f.result(timeout=30) for f in first + rest][:4] == [[2000], [2002], [2004], [2006]]
+    order = executions(log)
+    assert sorted(order) == sorted([1000 + n for n in range(24)] + [7]), "each item ran once"
+    # In arrival order the light item would run 25th; with everything held, in the first batch.
+    assert order.index(7) < 8, order
+    hog = [n for n in order if n >= 1000]
+    assert hog == sorted(hog), "the tenant's items keep their order"
+
+
+def test_only_a_batch_with_moved_entries_is_checked_for_withdrawals(redis_client, redis_url, prefix):
+    """A withdrawal of an entry added directly deletes it before any worker reads it, as on a level
+    in arrival order, so a batch of such entries delivered new is fresh (the worker asks Redis
+    nothing before predict); a held item moved to the stream is marked instead, and the batch
+    it is in is checked (wire/lua/cancel.lua)."""
+    keys = serve_fairly(redis_client, prefix, direct=2)
+    with RedisStreamer(redis_url, prefix, timeout=30) as streamer:
+        streamer.submit([1], tenant="a")
+        streamer.submit([2], tenant="a")
+        streamer.submit([3], tenant="b")  # 2 undelivered: held
+        source = LevelSource(redis_client, keys, "reader", Levels(fair=True, direct=2))
+        direct = source.fetch(2, timeout=0)
+        assert source.fresh, "two entries added directly"
+        moved = source.fetch(2, timeout=0)
+        assert not source.fresh, "an entry moved from the held ones"
+    assert [fields[b"h"] for _, (_, fields) in moved if fields] == [b"1"]
+    assert not any(fields and b"h" in fields for _, (_, fields) in direct)
+
+
+def test_the_direct_bound_the_workers_publish_grows_with_their_number(redis_client, redis_url, prefix, workers):
+    """Each live worker adds DIRECT_BATCHES of its batches to the bound (a tenant that arrives
+    then waits about two batches' time whatever the fleet's size); without fair sharing the
+    bound is not published."""
+    fast = {**FAIR, "heartbeat_interval": 0.2, "reclaim_interval": 0.2}
+    workers.start(prefix, batch_size=3, settings=fast)
+    wait_until(lambda: published_levels(redis_client, Keys(prefix)).direct == DIRECT_BATCHES * 3, 10,
+               what="one worker's bound")
+    workers.start(prefix, batch_size=3, settings=fast)
+    wait_until(lambda: published_levels(redis_client, Keys(prefix)).direct == 2 * DIRECT_BATCHES * 3, 10,
+               what="two workers' bound")
+    workers.start(f"{prefix}-fifo", batch_size=3, settings={"heartbeat_interval": 0.2, "reclaim_interval": 0.2})
+    assert published_levels(redis_client, Keys(f"{prefix}-fifo")).direct == 1
+
+
+def test_items_held_while_a_worker_waits_on_the_streams_are_read_at_once(redis_client, redis_url, prefix, workers,
+                                                                         tmp_path):
+    """A worker that found nothing held waits on the streams themselves (as on a level in arrival
+    order), and only READ_LEVELS moves held items: a call larger than the direct bound, held but
+    for the one item it moves at once, wakes it, and the probe after its read sends it back to
+    READ_LEVELS for the rest, long before its wait (30 s) would have ended."""
+    log = tmp_path / "runs.log"
+    workers.start(prefix, model="support.models:Recorder", init_kwargs={"path": str(log)}, batch_size=1,
+                  settings={**FAIR, "idle_block": 30.0})  # direct bound: 2 x 1
+    keys = Keys(prefix)
+    wait_until(lambda: published_levels(redis_client, keys).direct == DIRECT_BATCHES, 10, what="the bound published")
+    with RedisStreamer(redis_url, prefix, timeout=20) as streamer:
+        assert streamer.predict([1], tenant="a") == [2]  # the worker waits on the stream after it
+        assert streamer.predict([10, 11, 12, 13, 14], tenant="b", timeout=8) == [20, 22, 24, 26, 28]
+    assert executions(log) == [1, 10, 11, 12, 13, 14]

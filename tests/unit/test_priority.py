@@ -6,6 +6,7 @@ from collections import deque
 import pytest
 
 from rstreamer.batching.priority import (
+    DIRECT_BATCHES,
     MAX_LEVELS,
     DeficitScheduler,
     Levels,
@@ -69,6 +70,22 @@ def test_worker_settings_carry_the_levels(monkeypatch):
     assert WorkerSettings.from_env().levels() == Levels((8, 1), (0, 100))
     with pytest.raises(ConfigError):
         WorkerSettings(priorities="8,zero")
+
+
+def test_fair_levels_carry_the_workers_batches_as_their_direct_bound(monkeypatch):
+    # A call goes onto a fair level's stream directly while it has at most DIRECT_BATCHES batches
+    # undelivered (wire/lua/include/admission.lua, add): the worker's batch size sets the bound.
+    monkeypatch.setenv("RSTREAMER_TENANT_SHARING", "fair")
+    monkeypatch.setenv("RSTREAMER_BATCH_SIZE", "48")
+    levels = WorkerSettings.from_env().levels()
+    assert (levels.fair, levels.direct) == (True, DIRECT_BATCHES * 48)
+    assert Levels.from_json(levels.to_json()) == levels
+    assert WorkerSettings(batch_size=48).levels().direct == 1  # in arrival order it means nothing
+    # Published by a worker from before the bound: one item, as then.
+    assert Levels.from_json('{"weights": [1], "max_queue": [0], "fair": true}').direct == 1
+    for bad in (0, -3, 1.5, True, "8"):
+        with pytest.raises(ConfigError, match="direct"):
+            Levels(fair=True, direct=bad)
 
 
 def test_every_level_from_0_to_the_last_is_a_priority():

@@ -108,9 +108,9 @@ integer(last, 0, count, 'number of payloads')
 -- every ENQUEUE a GET (issue 26). A copy that would refuse a call's level is checked against
 -- the key itself, so a fleet that just added levels is never refused from an old copy; so is a
 -- copy that says fair, since items held for a fleet gone back to fifo would never run.
-local levels, bounds, fair
+local levels, bounds, fair, direct
 if ARGV[9] ~= '?' then levels, bounds, fair = levels_of(ARGV[9]) end
-if not levels or fair or top >= levels then levels, bounds, fair = published_levels(KEYS[1]) end
+if not levels or fair or top >= levels then levels, bounds, fair, direct = published_levels(KEYS[1]) end
 -- Only what a call uses is read: the quotas when a call names a tenant, the clock when an age,
 -- a bucket or a held item needs it (a lone call on an idle prefix: XLEN and XADD; issue 26).
 local quotas = tenants > 0 and published_quotas(KEYS[2])
@@ -179,7 +179,7 @@ for c = 1, calls do
       end
       local held
       held, undelivered[l] = add(lks[l], fair, tenant_name(tenant), token, index, size, fields_of,
-                                  remaining, undelivered[l], clock(), backlog[l] - undelivered[l])
+                                  remaining, undelivered[l], clock, backlog[l] - undelivered[l], direct)
       for _, id in ipairs(held) do added = added + 1; ids[added] = id end
     else
       -- A fifo level's items go straight onto its stream, as add() would put them, without a

@@ -7,15 +7,16 @@
 -- with XREADGROUP '>' (new deliveries, id order: FIFO within a level; with fair sharing, each
 -- read first moves as many held items as it asks for onto the stream, fairest first). Returns per
 -- level {taken in the first pass, taken in the second, 1 if a read of it came back short (it has
--- no more), newest entry id ('0-0' for none), entries {id, {field, value, ...}}...}; a blocked
--- XREAD waits for an entry newer than those ids when nothing was read (no entry is missed between
--- the two). allow-oom: reading is how a full Redis drains.
+-- no more), newest entry id ('0-0' for none), the items it still holds (fair sharing; else 0),
+-- entries {id, {field, value, ...}}...}; a blocked XREAD waits for an entry newer than those ids
+-- when nothing was read (no entry is missed between the two). allow-oom: reading is how a full
+-- Redis drains.
 --- @include "include/fair.lua"
 local group, consumer, left, fair = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
 local levels = #KEYS / 4
 local clock = lazy_clock()  -- only fair sharing's promotions need the time
 local out = {}
-for l = 1, levels do out[l] = {0, 0, 0, '0-0'} end
+for l = 1, levels do out[l] = {0, 0, 0, '0-0', 0} end
 local function take(l, count, pass)
   local stream = KEYS[4 * l - 3]
   if fair then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], count, clock) end
@@ -32,6 +33,9 @@ for l = 1, levels do
 end
 for l = 1, levels do
   if left > 0 and out[l][3] == 0 then take(l, left, 2) end
+end
+if fair then
+  for l = 1, levels do out[l][5] = redis.call('ZCARD', KEYS[4 * l - 2]) end
 end
 if left == tonumber(ARGV[3]) then
   for l = 1, levels do

@@ -51,7 +51,10 @@ local function holding(clock, tenant)
   return tonumber(f[1] or '0'), tonumber(f[2] or '0')
 end
 -- Move up to count held items, fairest first, onto the stream; their remaining timeout shrinks
--- by the time they were held (a version-2 entry counts it from its new id). Returns the count.
+-- by the time they were held (a version-2 entry counts it from its new id). Each moved entry
+-- carries the field 'h' ('1'): a withdrawal of it is marked, not deleted, even before a worker
+-- reads it (cancel.lua), so the worker looks for one before predict (LevelSource.fresh); an
+-- entry without it went onto the stream directly (add). Returns the count.
 -- now_ms: the server's ms, or a function that reads them (only asked when an item moves).
 local function promote(stream, queue, items, clock, count, now_ms)
   local popped = redis.call('ZPOPMIN', queue, count)
@@ -69,6 +72,7 @@ local function promote(stream, queue, items, clock, count, now_ms)
       for f = 1, #fields, 2 do
         if fields[f] == 'r' then fields[f + 1] = math.max(0, tonumber(fields[f + 1]) - (now_ms - held[1])) end
       end
+      fields[#fields + 1], fields[#fields + 2] = 'h', '1'
       redis.call('XADD', stream, '*', unpack(fields))
       release(clock, held[3])
     end
