@@ -5,7 +5,8 @@
 -- One read of up to max_items entries in two passes: each level takes up to its quota, most
 -- urgent first; then what is left goes to the most urgent levels that still have entries. Reads
 -- with XREADGROUP '>' (new deliveries, id order: FIFO within a level; with fair sharing, each
--- read first moves as many held items as it asks for onto the stream, fairest first). Returns per
+-- read first moves as many held items as the stream's undelivered entries leave of what it
+-- asks for onto the stream, fairest first). Returns per
 -- level {taken in the first pass, taken in the second, 1 if a read of it came back short (it has
 -- no more), newest entry id ('0-0' for none), the items it still holds (fair sharing; else 0),
 -- entries {id, {field, value, ...}}...}; a blocked XREAD waits for an entry newer than those ids
@@ -19,7 +20,13 @@ local out = {}
 for l = 1, levels do out[l] = {0, 0, 0, '0-0', 0} end
 local function take(l, count, pass)
   local stream = KEYS[4 * l - 3]
-  if fair then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], count, clock) end
+  if fair then
+    -- As many held items as the entries already on the stream leave room for: those a call put
+    -- there directly (include/admission.lua, add) are read first, and no backlog of them stays
+    -- in front of the items that take turns.
+    local room = count - undelivered(stream, group)
+    if room > 0 then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], room, clock) end
+  end
   local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', stream, '>')
   local entries = (reply and reply[1] and reply[1][2]) or {}
   for _, entry in ipairs(entries) do out[l][#out[l] + 1] = entry end

@@ -82,6 +82,18 @@ local function promote(stream, queue, items, clock, count, now_ms)
   elseif #popped > 0 then redis.call('HSET', clock, '~', popped[#popped]) end
   return #popped / 2
 end
+-- The entries of stream that no consumer of group has read yet (an acked entry leaves its
+-- stream: what stays is pending or undelivered).
+local function undelivered(stream, group)
+  local length = redis.call('XLEN', stream)
+  if length == 0 then return 0 end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local info = {}
+    for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+    if info['name'] == group then return length - info['pending'] end
+  end
+  return length
+end
 -- When the first held item was held (ms), or nil.
 local function held_since(queue, items)
   local head = redis.call('ZRANGE', queue, 0, 0)
