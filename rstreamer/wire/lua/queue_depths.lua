@@ -13,13 +13,10 @@ for l = 1, #KEYS / 4 do
   if redis.call('EXISTS', stream) == 1 then
     length = redis.call('XLEN', stream)
     local first = '-'
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-      local info = {}
-      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-      if info['name'] == ARGV[1] then
-        pending = info['pending']
-        first = '(' .. info['last-delivered-id']
-      end
+    local info = group_info(stream, ARGV[1])
+    if info then
+      pending = info['pending']
+      first = '(' .. info['last-delivered-id']
     end
     if length > pending then
       local head = redis.call('XRANGE', stream, first, '+', 'COUNT', 1)

@@ -43,13 +43,10 @@ local function level_queue(lk, group, fair, count_bytes, clock)
   if length > 0 then
     backlog = length
     local first = '-'
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', lk[1])) do
-      local info = {}
-      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-      if info['name'] == group then
-        backlog = backlog - info['pending']
-        first = '(' .. info['last-delivered-id']
-      end
+    local info = group_info(lk[1], group)
+    if info then
+      backlog = backlog - info['pending']
+      first = '(' .. info['last-delivered-id']
     end
     if backlog > 0 then
       local head = redis.call('XRANGE', lk[1], first, '+', 'COUNT', 1)

@@ -82,17 +82,21 @@ local function promote(stream, queue, items, clock, count, now_ms)
   elseif #popped > 0 then redis.call('HSET', clock, '~', popped[#popped]) end
   return #popped / 2
 end
+-- What XINFO GROUPS says of group on stream (a map: pending, last-delivered-id, ...), or nil.
+local function group_info(stream, group)
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local info = {}
+    for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+    if info['name'] == group then return info end
+  end
+  return nil
+end
 -- The entries of stream that no consumer of group has read yet (an acked entry leaves its
 -- stream: what stays is pending or undelivered).
 local function undelivered(stream, group)
   local length = redis.call('XLEN', stream)
-  if length == 0 then return 0 end
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    local info = {}
-    for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-    if info['name'] == group then return length - info['pending'] end
-  end
-  return length
+  local info = length > 0 and group_info(stream, group)
+  return info and length - info['pending'] or length
 end
 -- When the first held item was held (ms), or nil.
 local function held_since(queue, items)
