@@ -45,9 +45,12 @@ def test_bench_hotpath_reports_cpu_and_commands_per_item_and_the_idle_lanes(tmp_
     assert [r["name"] for r in report["a_b"]] == ["bare", "lanes idle", "lanes idle + fair"]
     assert all(r["items_per_s"] > 0 for r in report["a_b"])
     assert report["a_b"][0]["against_bare"] == 0.0 and report["a_b"][1]["against_bare"] is not None
-    # Fair sharing for callers of no tenant: nothing held and moved (about 13 commands an item when it was).
+    # Fair sharing for callers of no tenant: nothing held (ZADD, PTTL, HINCRBY) and nothing moved
+    # (ZPOPMIN). Its total is not compared with the bare prefix's: at 8 callers an ENQUEUE carries
+    # one to three calls, and its published levels' GET and held count's ZCARD, with an EXISTS a
+    # read, add up to 2 commands an item more in rounds this short.
     fair = report["a_b"][2]["by_command"]
-    assert fair.get("zadd", 0) < 0.05 and report["a_b"][2]["commands"] < report["a_b"][0]["commands"] + 1, fair
+    assert all(fair.get(name, 0) < 0.05 for name in ("zadd", "pttl", "hincrby", "zpopmin")), fair
     # The lone calls again, on the prefix whose lanes are idle: the same commands as the bare
     # prefix's (no probe of the other levels, no second exchange to wait).
     assert idle["name"] == "lone caller, lanes idle" and idle["items"] == 200
