@@ -16,8 +16,10 @@ default):
   turn: the live CUDA memory never holds three.
 - ``encoder`` and ``sleeper``: a BERT-sized encoder (fp16), and a model that sleeps 4.8 ms a batch,
   called directly in batches of ``--batch-size`` and through Redis by ``--processes`` x
-  ``--threads`` callers of one item: items/s, the ratio, p50/p99, and the worker's own time
-  between two batches (``gap``) beside the model's (``run``).
+  ``--threads`` callers of one item, served by each number of worker processes on the GPU of
+  ``--workers`` in turn (``--workers-per-gpu``): items/s, the ratio to the direct call, p50/p99,
+  and a worker's own time between two batches (``gap``) beside the model's (``run``). One
+  worker leaves the GPU idle for its gap; a second runs a batch in the first one's gap.
 
 Without a GPU the steps run on the CPU (``oom`` and ``shelf`` are skipped: their figures mean GPU
 memory) and say so; ``--small`` shrinks the encoder for that. Prints one JSON object per step
@@ -197,18 +199,38 @@ def _callers(url: str, prefix: str, threads: int, seconds: float, item: Any, res
 
 def _through_redis(url: str, model: str, init: dict[str, Any], item: Any, direct: Callable[[list[Any]], Any],
                    args: argparse.Namespace) -> dict[str, Any]:
-    """The model called directly in full batches, then through one worker: items/s, the ratio,
-    latencies, and the worker's gap and run per batch."""
+    """The model called directly in full batches, then through each number of workers of
+    ``--workers``, then directly again: items/s, the ratio to the direct call (the mean of the
+    two), latencies, and a worker's gap and run per batch."""
+    before = _direct_rate(direct, item, args)
+    rows = [_served(url, model, init, item, workers, args, f"-{run}") for run, workers in enumerate(args.workers)]
+    after = _direct_rate(direct, item, args)
+    direct_rate = (before + after) / 2
+    for row in rows:
+        row["ratio"] = round(row["redis_items_s"] / direct_rate, 3)
+    return {"direct_items_s": round(direct_rate), "direct_before_after": [round(before), round(after)],
+            "through_redis": rows, "ok": all(row["ok"] for row in rows)}
+
+
+def _direct_rate(direct: Callable[[list[Any]], Any], item: Any, args: argparse.Namespace) -> float:
+    """Items/s of the model called in full batches in this process (after three to warm up)."""
     for _ in range(3):
         direct([item] * args.batch_size)
     count, started = 0, time.perf_counter()
     while time.perf_counter() - started < min(3.0, args.seconds):
         direct([item] * args.batch_size)
         count += args.batch_size
-    direct_rate = count / (time.perf_counter() - started)
-    prefix = f"gpu-{model.split(':')[1].lower()}"
-    with _worker(url, "--prefix", prefix, "--gpus", "0", "--batch-size", str(args.batch_size), "--max-latency", "0.01",
-                 "--init-kwargs", json.dumps(init), model, live=(prefix, 1)), \
+    return count / (time.perf_counter() - started)
+
+
+def _served(url: str, model: str, init: dict[str, Any], item: Any, workers: int, args: argparse.Namespace,
+            suffix: str) -> dict[str, Any]:
+    """``--processes`` x ``--threads`` callers of one item through ``workers`` worker processes
+    on GPU 0, for ``--seconds``, on a prefix of its own (named with ``suffix``)."""
+    prefix = f"gpu-{model.split(':')[1].lower()}{suffix}"
+    with _worker(url, "--prefix", prefix, "--gpus", "0", "--workers-per-gpu", str(workers),
+                 "--batch-size", str(args.batch_size), "--max-latency", "0.01", "--init-kwargs", json.dumps(init),
+                 model, live=(prefix, workers)), \
             RedisStreamer(url, prefix, timeout=60) as streamer:
         streamer.predict([item] * args.batch_size)
         context = multiprocessing.get_context("spawn")
@@ -220,12 +242,12 @@ def _through_redis(url: str, model: str, init: dict[str, Any], item: Any, direct
         latencies = sorted(x for _ in processes for x in results.get(timeout=args.seconds + 300))
         for process in processes:
             process.join(60)
-        worker = streamer.predict(["stats"])[0]
+        worker = streamer.predict(["stats"])[0]  # whichever worker answers: each times its own batches
     rate = len(latencies) / args.seconds
     p50, p99 = percentile(latencies, 0.5) or 0.0, percentile(latencies, 0.99) or 0.0
-    return {"direct_items_s": round(direct_rate), "redis_items_s": round(rate), "ratio": round(rate / direct_rate, 3),
-            "p50_ms": round(p50 * 1000, 1), "p99_ms": round(p99 * 1000, 1),
-            "callers": f"{args.processes}x{args.threads}", "worker": worker, "ok": rate > 0}
+    return {"workers": workers, "redis_items_s": round(rate), "p50_ms": round(p50 * 1000, 1),
+            "p99_ms": round(p99 * 1000, 1), "callers": f"{args.processes}x{args.threads}", "worker": worker,
+            "ok": rate > 0}
 
 
 def encoder(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -254,6 +276,17 @@ RUNS: dict[str, Callable[[str, argparse.Namespace], dict[str, Any]]] = {
     "placement": placement, "oom": oom, "shelf": shelf, "encoder": encoder, "sleeper": sleeper}
 
 
+def _counts(text: str) -> list[int]:
+    """``--workers``: positive numbers, comma-separated."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"numbers of workers are at least 1: {text!r}")
+    return counts
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rstreamer bench gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -262,6 +295,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=4, help="caller processes of the encoder and sleeper steps")
     parser.add_argument("--threads", type=int, default=48, help="caller threads per process")
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds of each load")
+    parser.add_argument("--workers", type=_counts, default=[1, 2],
+                        help="comma-separated numbers of worker processes on the GPU that serve the encoder and "
+                             "sleeper steps, each in turn (default: 1,2; 1,2,1,2 alternates them)")
     parser.add_argument("--small", action="store_true", help="a tiny encoder (for a run without a GPU)")
     parser.add_argument("--output", default="bench-output", help="folder for bench-gpu.json")
     args = parser.parse_args(argv)
