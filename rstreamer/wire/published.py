@@ -136,6 +136,17 @@ def live_workers(now_ms: int, workers: dict[str, dict[str, Any]], dead_after_ms:
     return {name for name, info in workers.items() if now_ms - info["seen_ms"] <= dead_after_ms}
 
 
+BATCH_SIZE_FIELD = "batch_size"
+"""The heartbeat's field for the worker's batch size: its peers sum them into fair sharing's direct bound."""
+
+
+def batch_size_of(info: dict[str, Any], default: int) -> int:
+    """A peer's batch size from its heartbeat ``info``; ``default`` for a worker of an earlier
+    version, which does not say, or for a value that is no positive integer."""
+    size = info.get(BATCH_SIZE_FIELD)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else default
+
+
 def dead_consumers(client: RedisClient, keys: Keys, stream: str, group: str, me: str,
                    dead_after_ms: int) -> list[tuple[str, int]]:
     """``(name, pending count)`` of every consumer of ``group`` on ``stream`` whose worker has no

@@ -18,7 +18,7 @@ import redis
 
 from ..batching.batcher import WITHDRAWN, Batcher, BatchObserver, Failure, Outcome, answer_batch
 from ..batching.costing import OomGuard, safe_cost
-from ..batching.priority import Levels
+from ..batching.priority import DIRECT_BATCHES, Levels
 from ..batching.quotas import Quotas
 from ..broker.clock import ServerClock
 from ..broker.connection import RedisClient, create_redis, is_nogroup, normalize_broker_url, redacted
@@ -40,7 +40,15 @@ from ..wire.messages import (
     reply_ttl_ms,
     reply_version,
 )
-from ..wire.published import live_workers, publish_levels, publish_pace, publish_quotas, read_workers
+from ..wire.published import (
+    BATCH_SIZE_FIELD,
+    batch_size_of,
+    live_workers,
+    publish_levels,
+    publish_pace,
+    publish_quotas,
+    read_workers,
+)
 from ..wire.scripts import scripts
 from ..wire.stream_ids import newest_last
 from .beater import Beater
@@ -207,6 +215,7 @@ class RedisWorker:
                                          stuck_after=self.settings.stuck_after)
         self._beater = self.context.beater
         self._next_reclaim = 0.0
+        self._fleet_batch = self.policy.batch_size  # the live workers' batch sizes, summed (_count_peers)
         # The model's cost() and out-of-memory errors are set once it is loaded (_use_model).
         # A costed batch is built around the most urgent item held (see Batcher): its level.
         self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model),
@@ -239,8 +248,8 @@ class RedisWorker:
         return self._info()
 
     def _info(self) -> dict[str, Any]:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id,
-                "started": self._started, **asdict(self.stats), **self.slot_info,
+        return {"host": socket.gethostname(), "pid": os.getpid(), "gpu": self.gpu_id, "started": self._started,
+                BATCH_SIZE_FIELD: self.policy.batch_size, **asdict(self.stats), **self.slot_info,
                 PACE_FIELD: self._pace.published()}
 
     # lifecycle -----------------------------------------------------------------------
@@ -485,16 +494,20 @@ class RedisWorker:
         sent = time.monotonic()
         now_ms, workers = read_workers(self._redis, self.keys)
         self._clock.observe(now_ms, sent, time.monotonic())
-        self._hint.peers = max(1, len(live_workers(now_ms, workers, int(self.settings.dead_after * 1000))))
+        live = live_workers(now_ms, workers, int(self.settings.dead_after * 1000))
+        self._hint.peers = max(1, len(live))
+        own = self.policy.batch_size
+        self._fleet_batch = own + sum(batch_size_of(workers[name], own) for name in live if name != self.name)
         self._publish()  # refreshes their TTL
         self._observers.server_time(now_ms)
 
     def _publish(self) -> None:
         """Tell clients the priority levels and tenant quotas this worker serves, and readers the
         pace it runs at (see rstreamer.ops.pace)."""
-        # With fair sharing, the direct bound of every live worker's batches: a tenant that
-        # arrives then waits about the same time whatever the number of workers.
-        levels = replace(self.levels, direct=self.levels.direct * self._hint.peers) if self.levels.fair else self.levels
+        # With fair sharing, the direct bound of every live worker's batches, each its own size
+        # (every worker publishes the same sum, whichever writes last): a tenant that arrives
+        # then waits about the same time whatever the fleet.
+        levels = replace(self.levels, direct=DIRECT_BATCHES * self._fleet_batch) if self.levels.fair else self.levels
         publish_levels(self._redis, self.keys, levels)
         publish_quotas(self._redis, self.keys, self.quotas)
         if self._publishing_pace:

@@ -15,6 +15,7 @@ from rstreamer.batching.priority import (
 )
 from rstreamer.errors import ConfigError
 from rstreamer.settings import WorkerSettings
+from rstreamer.wire.published import BATCH_SIZE_FIELD, batch_size_of
 
 
 class Queues:
@@ -86,6 +87,15 @@ def test_fair_levels_carry_the_workers_batches_as_their_direct_bound(monkeypatch
     for bad in (0, -3, 1.5, True, "8"):
         with pytest.raises(ConfigError, match="direct"):
             Levels(fair=True, direct=bad)
+
+
+def test_a_peers_batch_size_comes_from_its_heartbeat_or_is_taken_for_ours():
+    # Fair sharing's direct bound sums the live workers' batch sizes (RedisWorker._count_peers);
+    # a worker of an earlier version says none, and a hostile or broken value counts as ours.
+    assert batch_size_of({BATCH_SIZE_FIELD: 5}, 32) == 5
+    for info in ({}, {BATCH_SIZE_FIELD: 0}, {BATCH_SIZE_FIELD: -4}, {BATCH_SIZE_FIELD: True},
+                 {BATCH_SIZE_FIELD: 2.5}, {BATCH_SIZE_FIELD: "64"}, {BATCH_SIZE_FIELD: None}):
+        assert batch_size_of(info, 32) == 32
 
 
 def test_every_level_from_0_to_the_last_is_a_priority():
