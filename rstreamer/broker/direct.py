@@ -16,7 +16,7 @@ CPU per item.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -40,12 +40,15 @@ def direct_command(client: RedisClient, *args: Any) -> Any:
     return reply
 
 
-def exchange(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> list[Any]:
+def exchange(client: redis.Redis, commands: Sequence[Sequence[Any]],
+             first: Callable[[Any], None] | None = None) -> list[Any]:
     """``commands`` written together on one connection of ``client``'s pool, and their replies in
     order; a reply Redis answered with an error is that error as an exception object, so that the
     replies after it are still read (and the connection stays fit for the next user). Redis runs
-    a client's commands in order: a command after a blocked read runs the moment the read returns."""
-    return send(client, commands).replies()
+    a client's commands in order: a command after a blocked read runs the moment the read returns.
+    ``first``: called with the first reply as soon as it is read, before the others (which may
+    wait on a blocked read): an exception it raises ends the exchange."""
+    return send(client, commands).replies(first)
 
 
 def send(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> Sent:
@@ -87,12 +90,12 @@ class KeptConnection:
         self._pool = client.connection_pool
         self._connection: Any = None  # redis-py leaves most of Connection unannotated
 
-    def exchange(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    def exchange(self, commands: Sequence[Sequence[Any]], first: Callable[[Any], None] | None = None) -> list[Any]:
         """As :func:`exchange`, on the kept connection."""
         connection = self._fit()
         try:
             connection.send_packed_command((_packed(commands),))
-            return [_reply(connection) for _ in commands]
+            return _replies(connection, len(commands), first)
         except BaseException:
             with contextlib.suppress(Exception):  # the error that ended the conversation is the one raised
                 connection.disconnect()  # half a conversation: the next exchange starts afresh
@@ -120,10 +123,11 @@ class Sent:
     def __init__(self, pool: Any, connection: Any, count: int) -> None:
         self._pool, self._connection, self._count = pool, connection, count
 
-    def replies(self) -> list[Any]:
-        """Their replies, in order, as :func:`exchange` gives them; the connection goes back to the pool."""
+    def replies(self, first: Callable[[Any], None] | None = None) -> list[Any]:
+        """Their replies, in order, as :func:`exchange` gives them (``first`` as there); the
+        connection goes back to the pool."""
         try:
-            return [_reply(self._connection) for _ in range(self._count)]
+            return _replies(self._connection, self._count, first)
         except BaseException:
             self.abandon()  # half a conversation: the next user must not read the rest
             raise
@@ -142,6 +146,13 @@ class Sent:
         connection, self._connection = self._connection, None
         if connection is not None:
             self._pool.release(connection)
+
+
+def _replies(connection: Any, count: int, first: Callable[[Any], None] | None) -> list[Any]:
+    replies = [_reply(connection) for _ in range(min(count, 1))]
+    if first is not None and replies:
+        first(replies[0])
+    return replies + [_reply(connection) for _ in range(count - len(replies))]
 
 
 def _reply(connection: Any) -> Any:

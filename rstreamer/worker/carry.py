@@ -21,6 +21,7 @@ batches carry their FINISH instead (:class:`ReadAhead`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -179,20 +180,26 @@ class Carrier:
     def send_with(self, carried: Carried, reads: list[list[Any]]) -> tuple[list[Any], bool]:
         """``carried``, then the commands ``reads``, written together: the reads' replies (an
         exception object for one Redis answered with an error) and whether the entries they
-        delivered are fresh (not when the call had to run again after the reads). Raises the
-        call's error (its entries and those just read are then served again, see rewind)."""
-        finished, *replies = self.exchange([carried.command(), *reads])
-        fresh = True
-        if isinstance(finished, redis.exceptions.NoScriptError):
-            # Redis lost its scripts (a restart, SCRIPT FLUSH): loaded and run again. That takes
-            # time after the read delivered its entries: they are not fresh (Parsed.delivered).
-            carried.run()
-            fresh = False
-        elif isinstance(finished, Exception):
-            raise finished
-        return replies, fresh
+        delivered are fresh (not when the call had to run again). Raises the call's error (its
+        entries and those just read are then served again, see rewind)."""
+        reran = False
 
-    def exchange(self, commands: list[list[Any]]) -> list[Any]:
+        def finished(reply: Any) -> None:
+            nonlocal reran
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                # Redis lost its scripts (a restart, SCRIPT FLUSH): loaded and run again at once,
+                # on the worker's other connection, while the read behind it may still wait for
+                # entries (up to idle_block): the batch's answers must not wait with it. That
+                # takes time after the read was sent: its entries are not fresh (Parsed.delivered).
+                carried.run()
+                reran = True
+
+        called, *replies = self.exchange([carried.command(), *reads], first=finished)
+        if isinstance(called, Exception) and not reran:
+            raise called
+        return replies, not reran
+
+    def exchange(self, commands: list[list[Any]], first: Callable[[Any], None] | None = None) -> list[Any]:
         """``commands`` written together on one connection of the reads client (see
         :attr:`can_carry`) and their replies, in order (broker.direct.exchange): not through a
         redis-py Pipeline, whose machinery per call (command stack, retry wrapper, callbacks,
@@ -201,5 +208,5 @@ class Carrier:
         first, one more round trip. The connection is kept from one exchange to the next
         (broker.direct.KeptConnection)."""
         if self._kept is None:
-            return exchange(cast("redis.Redis", self._reads), commands)  # see can_carry
-        return self._kept.exchange(commands)
+            return exchange(cast("redis.Redis", self._reads), commands, first)  # see can_carry
+        return self._kept.exchange(commands, first)

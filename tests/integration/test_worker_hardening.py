@@ -395,10 +395,11 @@ def test_a_worker_that_may_not_publish_its_pace_keeps_serving(redis_client, redi
 def test_a_worker_whose_redis_forgot_its_scripts_answers_every_call(redis_url, prefix, workers, tmp_path, settings):
     # A batch's FINISH goes out with the worker's next read as a bare EVALSHA (Carrier.carry),
     # before XREADGROUP or READ_LEVELS (itself bare then): after SCRIPT FLUSH (or a restart) the
-    # worker loads the scripts again and answers at once; it must not back off and serve the
-    # batch again forever.
+    # worker loads the scripts again and answers at once, not once the read behind the FINISH
+    # has waited its idle_block (30 s here: the calls would time out); it must not back off and
+    # serve the batch again forever.
     log = tmp_path / "worker.log"
-    workers.start(prefix, log_path=log, log_level="WARNING", settings=settings)
+    workers.start(prefix, log_path=log, log_level="WARNING", settings={**settings, "idle_block": 30.0})
     client = redis.Redis.from_url(redis_url)
     with RedisStreamer(redis_url, prefix, timeout=10) as streamer:
         assert streamer.predict([1]) == [2]
