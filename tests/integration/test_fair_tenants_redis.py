@@ -251,3 +251,48 @@ def test_items_held_while_a_worker_waits_on_the_streams_are_read_at_once(redis_c
         assert streamer.predict([1], tenant="a") == [2]  # the worker waits on the stream after it
         assert streamer.predict([10, 11, 12, 13, 14], tenant="b", timeout=8) == [20, 22, 24, 26, 28]
     assert executions(log) == [1, 10, 11, 12, 13, 14]
+
+
+def test_withdrawn_direct_entries_in_front_of_held_items_hand_the_stream_to_one_of_them(
+        redis_client, redis_url, prefix, workers):
+    """Items are held only while their stream has an entry undelivered, whose read wakes a worker
+    to move them: when a withdrawal deletes the last such entries (direct ones, never read), one
+    held item takes their place at once, and a worker waiting on the stream reads it, long before
+    its wait (30 s) would have ended."""
+    keys = serve_fairly(redis_client, prefix, direct=2)
+    stream, queue = keys.level_keys(0)[0], keys.level_keys(0)[1]
+    with RedisStreamer(redis_url, prefix, timeout=20) as streamer:
+        alone = streamer.submit([1, 2], tenant="a")  # within the bound: onto the stream directly
+        assert (redis_client.xlen(stream), redis_client.zcard(queue)) == (2, 0)
+        held = streamer.submit([3], tenant="b")  # beyond it: held behind a's two
+        assert (redis_client.xlen(stream), redis_client.zcard(queue)) == (2, 1)
+        assert alone.cancel()
+        # The withdrawal runs in the streamer's background thread: a's entries deleted, b's moved.
+        wait_until(lambda: (redis_client.xlen(stream), redis_client.zcard(queue)) == (1, 0), 10,
+                   what="the held item moved in place of the withdrawn ones")
+        workers.start(prefix, settings={**FAIR, "idle_block": 30.0})
+        assert held.result(timeout=10) == [6]
+
+
+def test_every_worker_waiting_on_a_fair_level_joins_when_a_call_is_held(redis_client, redis_url, prefix, workers):
+    """Workers of a fair level that held nothing wait on the stream itself; a call beyond the
+    direct bound is held but for one item, which wakes one of them. That worker reads the rest
+    through READ_LEVELS, which moves one item more than it reads while items are held: it stays
+    on the stream and wakes the next waiting worker, so both serve the call, where the second
+    would otherwise have waited out its 30 s."""
+    settings = {**FAIR, "idle_block": 30.0}
+    model = {"model": "support.models:Tagged", "init_kwargs": {"tag": "w", "delay": 0.1}, "batch_size": 2}
+    pids = {workers.start(prefix, settings=settings, **model).pid for _ in range(2)}
+    keys = Keys(prefix)
+    wait_until(lambda: published_levels(redis_client, keys).direct == DIRECT_BATCHES * 4, 10, what="the bound")
+
+    def waiting() -> list[str]:
+        return sorted(client["cmd"] for client in redis_client.client_list() if "b" in client["flags"])
+
+    # Each worker's webhook sender waits on its own XREADGROUP too; READ_LEVELS would wait on XREAD.
+    wait_until(lambda: waiting() == ["xreadgroup"] * 4, 10, what="both workers waiting on the stream")
+    with RedisStreamer(redis_url, prefix, timeout=20) as streamer:
+        answers = streamer.predict(list(range(16)), tenant="b", timeout=10)
+    assert [answer[2] for answer in answers] == [2 * n for n in range(16)]
+    served_by = {answer[1] for answer in answers}
+    assert served_by == pids, f"served by {served_by} of {pids}"

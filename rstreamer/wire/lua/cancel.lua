@@ -20,6 +20,7 @@ local tombstone = integer(ARGV[3], 0, MAX_MS, 'tombstone TTL (ms)')
 local n = integer(ARGV[4], 0, (#ARGV - 4) / 2, 'number of entries')
 local reply = {0}
 local withdrawn = {}
+local deleted = 0  -- entries deleted from the stream (not held items)
 for i = 1, n do
   local id, index = ARGV[4 + i], ARGV[4 + n + i]
   local held = not string.match(id, '^%d+%-%d+$')
@@ -39,12 +40,21 @@ for i = 1, n do
     redis.call('SADD', KEYS[1], index)
     reply[#reply + 1] = tonumber(index)
   else
-    reply[1] = reply[1] + redis.call('XDEL', KEYS[2], id)
+    local gone = redis.call('XDEL', KEYS[2], id)
+    reply[1], deleted = reply[1] + gone, deleted + gone
   end
 end
 -- Latest first, so that a withdrawn call at the tail of its tenant's items gives back all its turns.
 table.sort(withdrawn, function(x, y) return x[1] > y[1] end)
 for _, item in ipairs(withdrawn) do withdraw(KEYS[5], item[2], item[1]) end
+-- Entries deleted from the stream of a level that holds items: items are held only while the
+-- stream has one undelivered, whose read wakes a worker to move them (include/admission.lua,
+-- add). When the deleted ones were the last, one held item takes their place, as a call that
+-- holds onto an empty stream moves one: else the held items would wait for the next call, or for
+-- a blocked worker's idle_block.
+if deleted > 0 and redis.call('ZCARD', KEYS[3]) > 0 and undelivered(KEYS[2], group) == 0 then
+  promote(KEYS[2], KEYS[3], KEYS[4], KEYS[5], 1, lazy_clock())
+end
 if #reply > 1 then
   if tombstone > 0 then
     redis.call('SADD', KEYS[1], '*')

@@ -6,7 +6,7 @@
 -- urgent first; then what is left goes to the most urgent levels that still have entries. Reads
 -- with XREADGROUP '>' (new deliveries, id order: FIFO within a level; with fair sharing, each
 -- read first moves as many held items as the stream's undelivered entries leave of what it
--- asks for onto the stream, fairest first). Returns per
+-- asks for onto the stream, fairest first, and one more while items stay held). Returns per
 -- level {taken in the first pass, taken in the second, 1 if a read of it came back short (it has
 -- no more), newest entry id ('0-0' for none), the items it still holds (fair sharing; else 0),
 -- entries {id, {field, value, ...}}...}; a blocked XREAD waits for an entry newer than those ids
@@ -23,9 +23,13 @@ local function take(l, count, pass)
   if fair then
     -- As many held items as the entries already on the stream leave room for: those a call put
     -- there directly (include/admission.lua, add) are read first, and no backlog of them stays
-    -- in front of the items that take turns.
+    -- in front of the items that take turns. And one more while items are held: it stays on
+    -- the stream undelivered, the next in turn, and wakes a worker blocked on the stream's
+    -- XREADGROUP (a fair level that held nothing is read that way, LevelSource._read_single),
+    -- which then reads through this script too; without it, the moves and reads of this one
+    -- worker would wake nobody, and its peers would wait out their whole idle_block.
     local room = count - undelivered(stream, group)
-    if room > 0 then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], room, clock) end
+    if room >= 0 then promote(stream, KEYS[4 * l - 2], KEYS[4 * l - 1], KEYS[4 * l], room + 1, clock) end
   end
   local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', stream, '>')
   local entries = (reply and reply[1] and reply[1][2]) or {}
