@@ -274,6 +274,7 @@ def withdraw(tickets: Sequence[BaseTicket], whole: bool, calls: CallFactory) -> 
                    if not ticket.future.answered(index - ticket.offset)]
         if not entries:
             continue
+        withdrawn = set(entries)
         group_whole = whole or (ticket.group is not None and ticket.group.abandoned())
         call = ticket.future.call
         args = cancel_args(calls.keys, ticket.token, call.priority, entries, call.remaining(), group_whole)
@@ -282,7 +283,13 @@ def withdraw(tickets: Sequence[BaseTicket], whole: bool, calls: CallFactory) -> 
         except Exception as exc:  # noqa: BLE001 - the call is over for its caller either way
             logger.warning("could not withdraw %d items nobody waits for: %s", len(entries), exc)
             continue
-        ticket.future.held.update(int(index) - ticket.offset for index in reply[1:])
+        marked = {int(index) for index in reply[1:]}
+        ticket.future.held.update(index - ticket.offset for index in marked)
+        # The others are gone (deleted, or withdrawn while held): a later withdrawal of the group
+        # whole must not ask again, for a held item no longer held would be taken for one moved
+        # to the stream, and marked. The marked ones stay, for that withdrawal's tombstone.
+        ticket.entries = [(entry_id, index) for entry_id, index in ticket.entries
+                          if index in marked or (entry_id, index) not in withdrawn]
         tombstoned = tombstoned or (group_whole and len(reply) > 1)
     return tombstoned
 

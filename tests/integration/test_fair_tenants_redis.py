@@ -296,3 +296,22 @@ def test_every_worker_waiting_on_a_fair_level_joins_when_a_call_is_held(redis_cl
     assert [answer[2] for answer in answers] == [2 * n for n in range(16)]
     served_by = {answer[1] for answer in answers}
     assert served_by == pids, f"served by {served_by} of {pids}"
+
+
+def test_held_items_withdrawn_once_are_not_taken_for_items_a_worker_held(redis_client, redis_url, prefix):
+    """A cancel deletes held items; when the call's group ends and what is left unanswered is
+    withdrawn whole, those items are not withdrawn again: a held item no longer held would be
+    taken for one moved to the stream and marked, and the call would say a worker may have run
+    all of them."""
+    keys = serve_fairly(redis_client, prefix)
+    with RedisStreamer(redis_url, prefix, timeout=60) as streamer:
+        gone = streamer.submit([7000 + n for n in range(5)], tenant="a")
+        assert redis_client.zcard(keys.level_keys(0)[1]) == 4, "one item moved to the stream, four held"
+        token = redis_client.xrange(keys.requests)[0][1][b"t"].decode()
+        ticket = gone.ticket
+        assert gone.cancel()
+        # Its group's popper ends once no call of it waits (here at once), withdraws what is
+        # unanswered whole, and lets go of its calls.
+        wait_until(lambda: ticket.group is None, 10, what="the group's popper to end")
+    assert gone.held == {0}, "only the item on the stream was past the held queue"
+    assert redis_client.smembers(keys.cancelled(token)) == {b"0", b"*"}
