@@ -149,10 +149,12 @@ class Sent:
 
 
 def _replies(connection: Any, count: int, first: Callable[[Any], None] | None) -> list[Any]:
-    replies = [_reply(connection) for _ in range(min(count, 1))]
-    if first is not None and replies:
-        first(replies[0])
-    return replies + [_reply(connection) for _ in range(count - len(replies))]
+    if first is None or not count:  # every call of the clients' hot path: one comprehension
+        return [_reply(connection) for _ in range(count)]
+    replies = [_reply(connection)]
+    first(replies[0])
+    replies += [_reply(connection) for _ in range(count - 1)]
+    return replies
 
 
 def _reply(connection: Any) -> Any:
