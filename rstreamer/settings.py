@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .batching.batcher import BatchPolicy
 from .batching.costing import CostBudget, parse_cost_model
-from .batching.priority import DIRECT_BATCHES, Levels
+from .batching.priority import Levels, direct_bound
 from .batching.quotas import Quotas
 from .errors import ConfigError
 
@@ -308,9 +308,9 @@ class WorkerSettings(EnvSettings):
 
     def levels(self) -> Levels:
         """The priority levels these settings describe; with fair sharing, their direct bound is
-        this worker's share (:data:`~rstreamer.batching.priority.DIRECT_BATCHES` batches)."""
+        this worker's share (:func:`~rstreamer.batching.priority.direct_bound`)."""
         fair = parse_tenant_sharing(self.tenant_sharing) == "fair"
-        direct = DIRECT_BATCHES * self.batch_size if fair else 1
+        direct = direct_bound([self.batch_size]) if fair else 1
         return Levels.parse(self.priorities, self.level_max_queue, fair, direct)
 
     def cost_budget(self) -> CostBudget:

@@ -18,7 +18,7 @@ import redis
 
 from ..batching.batcher import WITHDRAWN, Batcher, BatchObserver, Failure, Outcome, answer_batch
 from ..batching.costing import OomGuard, safe_cost
-from ..batching.priority import DIRECT_BATCHES, Levels
+from ..batching.priority import Levels, direct_bound
 from ..batching.quotas import Quotas
 from ..broker.clock import ServerClock
 from ..broker.connection import RedisClient, create_redis, is_nogroup, normalize_broker_url, redacted
@@ -215,7 +215,8 @@ class RedisWorker:
                                          stuck_after=self.settings.stuck_after)
         self._beater = self.context.beater
         self._next_reclaim = 0.0
-        self._fleet_batch = self.policy.batch_size  # the live workers' batch sizes, summed (_count_peers)
+        # Fair sharing's direct bound for every live worker, as _count_peers last found them.
+        self._direct = self.levels.direct
         # The model's cost() and out-of-memory errors are set once it is loaded (_use_model).
         # A costed batch is built around the most urgent item held (see Batcher): its level.
         self._batcher: Batcher[Parsed] = Batcher(self.policy, oom=OomGuard(cost_model=self.policy.cost.cost_model),
@@ -497,7 +498,7 @@ class RedisWorker:
         live = live_workers(now_ms, workers, int(self.settings.dead_after * 1000))
         self._hint.peers = max(1, len(live))
         own = self.policy.batch_size
-        self._fleet_batch = own + sum(batch_size_of(workers[name], own) for name in live if name != self.name)
+        self._direct = direct_bound([own, *(batch_size_of(workers[name], own) for name in live if name != self.name)])
         self._publish()  # refreshes their TTL
         self._observers.server_time(now_ms)
 
@@ -507,7 +508,7 @@ class RedisWorker:
         # With fair sharing, the direct bound of every live worker's batches, each its own size
         # (every worker publishes the same sum, whichever writes last): a tenant that arrives
         # then waits about the same time whatever the fleet.
-        levels = replace(self.levels, direct=DIRECT_BATCHES * self._fleet_batch) if self.levels.fair else self.levels
+        levels = replace(self.levels, direct=self._direct) if self.levels.fair else self.levels
         publish_levels(self._redis, self.keys, levels)
         publish_quotas(self._redis, self.keys, self.quotas)
         if self._publishing_pace:
