@@ -44,6 +44,7 @@ from rstreamer.client.sync import RedisStreamer
 from rstreamer.local import Streamer
 from rstreamer.ops.metrics import percentile
 from rstreamer.wire.published import wait_for_live_workers
+from rstreamer_tools.arguments import positive_counts
 from rstreamer_tools.processes import stop_group
 from rstreamer_tools.threads import run_threads
 
@@ -279,17 +280,6 @@ RUNS: dict[str, Callable[[str, argparse.Namespace], dict[str, Any]]] = {
     "placement": placement, "oom": oom, "shelf": shelf, "encoder": encoder, "sleeper": sleeper}
 
 
-def _counts(text: str) -> list[int]:
-    """``--workers``: positive numbers, comma-separated."""
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"numbers of workers are at least 1: {text!r}")
-    return counts
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rstreamer bench gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,7 +288,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=4, help="caller processes of the encoder and sleeper steps")
     parser.add_argument("--threads", type=int, default=48, help="caller threads per process")
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds of each load")
-    parser.add_argument("--workers", type=_counts, default=[1, 2],
+    parser.add_argument("--workers", type=positive_counts("workers"), default=[1, 2],
                         help="comma-separated numbers of worker processes on the GPU that serve the encoder and "
                              "sleeper steps, each in turn (default: 1,2; 1,2,1,2 alternates them)")
     parser.add_argument("--small", action="store_true", help="a tiny encoder (for a run without a GPU)")

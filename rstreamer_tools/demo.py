@@ -31,6 +31,7 @@ from pathlib import Path
 from rstreamer.broker.embedded import free_port
 from rstreamer_tools import demo_chat, demo_generate
 from rstreamer_tools import demo_load as load
+from rstreamer_tools.arguments import positive_counts
 from rstreamer_tools.stack import (
     FORCED,
     INTERRUPTS,
@@ -68,20 +69,10 @@ def worker_command(args: argparse.Namespace) -> list[str]:
 # main ------------------------------------------------------------------------------------------
 
 
-def _clients(text: str) -> list[int]:
-    try:
-        phases = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers of clients, got {text!r}") from None
-    if not phases or min(phases) < 1:
-        raise argparse.ArgumentTypeError(f"every phase needs at least 1 client, got {text!r}")
-    return phases
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rstreamer demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=_clients, default=None, metavar="N,N,...",
+    parser.add_argument("--clients", type=positive_counts("clients"), default=None, metavar="N,N,...",
                         help="concurrent HTTP clients of each load phase, one phase after the other (default "
                              f"{','.join(map(str, LOAD_PHASES))}); with --generate, questions asked at once (the "
                              f"largest number given; default {demo_chat.ASKED}; the toy decoder: streams, default "
