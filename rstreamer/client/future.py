@@ -158,6 +158,8 @@ class Future(BaseFuture):
         self._gate = threading.Lock()
         self._gate.acquire()
         self._open = False
+        if size == 0:  # nothing to answer, so nothing will settle it: settled now
+            self._on_complete()
 
     def _on_complete(self) -> None:
         if not self._open:  # a call settles once, but deliver() may still complete it after fail()

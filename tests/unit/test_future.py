@@ -71,9 +71,16 @@ def test_done_is_false_until_every_index_is_answered():
 
 
 def test_an_empty_batch_is_done_at_once():
-    future = Future(0, 5.0)
+    # Nothing will ever answer an empty call: its result must not wait out the call's timeout
+    # (an hour here; predict([]) used to take the streamer's whole timeout, 20 s by default).
+    future = Future(0, 3600.0)
     assert future.done()
-    assert future.result() == []
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(future.result()), daemon=True)
+    waiter.start()
+    waiter.join(30)
+    assert not waiter.is_alive(), "result() of an empty call waited for its timeout"
+    assert results == [[]]
 
 
 def test_result_raises_the_error_of_the_first_failed_index_not_the_first_to_arrive():
