@@ -143,7 +143,8 @@ class AsyncCoalescer:
                     break
                 group = await self._send(taken)
                 if group is not None and not self._closed:
-                    self._spawn(self._pop_replies(group), self._poppers)
+                    popper = self._spawn(self._pop_replies(group), self._poppers)
+                    popper.add_done_callback(functools.partial(self._popper_done, group))
         finally:
             self._flushing = False
             if self._pending and not self._closed:  # left by an unexpected error: never leave calls without a flusher
@@ -190,17 +191,24 @@ class AsyncCoalescer:
         # the flow also stops once the streamer is closed.
         await arun(pop_replies(group, lambda: not self._closed, _blpop, self._calls), self._redis, self._errors)
 
+    def _popper_done(self, group: ReplyGroup, popper: asyncio.Future[Any]) -> None:
+        """A popper that aclose() cancelled before it ran never reached the close-out of
+        :func:`~rstreamer.client.groups.pop_replies`: its callers fail now, not at their timeouts."""
+        if self._closed:
+            group.fail_waiting(BrokerUnavailable("the streamer was closed"))
+
     async def _withdraw(self, tickets: Sequence[BaseTicket], whole: bool) -> bool:
         """Withdraw the unanswered items of ``tickets`` (see :func:`~rstreamer.client.groups.withdraw`)."""
         return await arun(withdraw(tickets, whole, self._calls), self._redis, self._errors)
 
     @staticmethod
-    def _spawn(work: Coroutine[Any, Any, object], tasks: set[asyncio.Future[Any]]) -> None:
+    def _spawn(work: Coroutine[Any, Any, object], tasks: set[asyncio.Future[Any]]) -> asyncio.Future[Any]:
         """Run ``work`` in a task of its own, kept in ``tasks`` until done; its error is logged."""
         task = asyncio.ensure_future(work)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         task.add_done_callback(_retrieve)
+        return task
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -219,10 +219,13 @@ def pop_replies(group: ReplyGroup, serving: Callable[[], bool], blpop: Callable[
     calls is answered or past its deadline, retrying Redis's failures within the deadline; then
     withdraw what was not answered (nobody waits for it) and drop the reply key, unless it
     became a tombstone. Once ``serving()`` is False (the streamer closed) it stops within one
-    BLPOP and withdraws nothing: the calls of a closed streamer stay queued."""
+    BLPOP and withdraws nothing: the calls of a closed streamer stay queued, and their callers
+    get BrokerUnavailable at once (nobody pops their answers any more)."""
     try:
         yield from _pop_replies(group, serving, blpop, calls)
     finally:
+        if not serving():  # closed, or an asyncio popper cancelled by aclose(): not a whole timeout's wait
+            group.fail_waiting(BrokerUnavailable("the streamer was closed"))
         group.release()
 
 

@@ -7,11 +7,12 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from rstreamer import AsyncRedisStreamer, Cancelled, RedisStreamer, StreamerTimeout
+from rstreamer import AsyncRedisStreamer, BrokerUnavailable, Cancelled, RedisStreamer, StreamerTimeout
 from rstreamer.wire.cancel import cancel_args
 from rstreamer.wire.groups import ensure_groups
 from rstreamer.wire.keys import Keys
@@ -220,6 +221,44 @@ def test_closing_right_after_a_cancel_still_withdraws_the_items(redis_client, re
         assert future.cancel()
         streamer.close()
         assert redis_client.xlen(keys.requests) == 0
+
+
+def test_a_call_in_flight_when_its_streamer_closes_fails_at_once_and_stays_queued(redis_client, redis_url, prefix):
+    # Its answers have nobody to pop them any more: its caller used to wait out the whole timeout
+    # (an hour here) and get a StreamerTimeout that said nothing of the close.
+    keys = Keys(prefix)
+    streamer = RedisStreamer(redis_url, prefix, timeout=3600)
+    future = streamer.submit([1, 2])
+    assert redis_client.xlen(keys.requests) == 2
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            future.result()
+        except BaseException as exc:  # noqa: BLE001 - what the caller gets is the test
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    streamer.close()
+    waiter.join(30)
+    assert not waiter.is_alive(), "the caller waited for its timeout"
+    assert len(outcome) == 1 and isinstance(outcome[0], BrokerUnavailable)
+    assert "closed" in str(outcome[0])
+    assert redis_client.xlen(keys.requests) == 2  # a closed streamer's calls stay queued
+
+
+def test_a_call_in_flight_when_an_async_streamer_closes_fails_at_once(redis_client, redis_url, prefix):
+    async def close_under_a_call() -> BaseException:
+        streamer = AsyncRedisStreamer(redis_url, prefix, timeout=3600)
+        future = await streamer.submit([1, 2])
+        await streamer.aclose()
+        with pytest.raises(BrokerUnavailable, match="closed") as raised:
+            await asyncio.wait_for(future.result(), 30)
+        return raised.value
+
+    asyncio.run(close_under_a_call())
+    assert redis_client.xlen(Keys(prefix).requests) == 2
 
 
 def test_closing_an_async_streamer_right_after_a_cancel_still_withdraws_the_items(redis_client, redis_url, prefix):
