@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker.connection import RedisClient
 from ..broker.direct import direct_command, run_script
 from ..broker.flow import Command, run
+from ..broker.forks import renew_after_fork
 from ..broker.threads import DaemonThreads
 from ..errors import BrokerUnavailable
 from ..wire.messages import Admission
@@ -77,6 +78,15 @@ class Coalescer:
         self._io = DaemonThreads(MAX_CONNECTIONS, "rstreamer-io")
         self._withdrawals: set[TaskFuture[None]] = set()
         self._errors = functools.partial(call_errors, url)
+        renew_after_fork(self)
+
+    def renew_after_fork(self) -> None:
+        """In a forked child: the parent's calls (their callers are threads the child does not
+        have), their flusher and the lock one of them may have held are not the child's."""
+        self._lock = threading.Lock()
+        self._pending = []
+        self._flushing = False
+        self._withdrawals = set()
 
     # callers ---------------------------------------------------------------------------------
 

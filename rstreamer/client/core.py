@@ -23,6 +23,7 @@ from ..batching.priority import check_priority
 from ..batching.quotas import check_tenant
 from ..broker.connection import BLPOP_SLICE, broker_errors, normalize_broker_url
 from ..broker.deadline import Deadline
+from ..broker.forks import renew_after_fork
 from ..codec import core as codec
 from ..errors import CallTooLarge, EncodeError, InvalidPriority, Overloaded, RateLimited
 from ..ops.tracing import current_traceparent
@@ -115,6 +116,12 @@ class CallFactory:
         self._forks = -1  # the value of _forks its identity was made under (-1: none yet)
         self._client_id = ""
         self._tasks = itertools.count()
+        renew_after_fork(self)
+
+    def renew_after_fork(self) -> None:
+        """In a forked child: a lock another of the parent's threads held is not the child's (the
+        reply keys are renewed at the child's first call, see _next_token)."""
+        self._identity_lock = threading.Lock()
 
     def _next_token(self) -> str:
         if self._forks != _forks:

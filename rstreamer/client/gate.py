@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..broker.connection import RedisClient
+from ..broker.forks import renew_after_fork
 from ..errors import NoLiveWorker
 from ..settings import ClientSettings, WorkerSettings
 from ..wire.keys import REQUESTS_PATTERN, Keys, prefix_of_requests_key
@@ -90,6 +91,15 @@ class WorkerGate:
         # The published levels, read with the heartbeats: what the streamers of this gate send
         # with their ENQUEUEs (one gate per prefix in a web app, whoever reads it).
         self.levels = LevelsCopy(clock)
+        renew_after_fork(self)
+
+    def renew_after_fork(self) -> None:
+        """In a forked child: a read the parent's threads had in flight never ends there, and
+        the lock one of them may have held is not the child's."""
+        self._lock = threading.Lock()
+        self._read_done = threading.Condition(self._lock)
+        self._refreshing = False
+        self._task = None
 
     @classmethod
     def for_settings(cls, prefix: str, settings: ClientSettings, grace: float = NO_WORKER_GRACE,

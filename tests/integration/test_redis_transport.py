@@ -1,6 +1,9 @@
 """The Redis transport end to end: real redis-server, real worker processes."""
 from __future__ import annotations
 
+import os
+import select
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -8,6 +11,8 @@ import numpy as np
 import pytest
 
 from rstreamer import RedisStreamer
+from rstreamer.broker.direct import run_script
+from rstreamer.client import coalescer
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import read_workers
 from support.procs import wait_until
@@ -118,3 +123,57 @@ def test_bad_prefix_is_refused(redis_url, bad):
         return
     with pytest.raises(ValueError):
         RedisStreamer(redis_url, bad)
+
+
+def _in_child(work) -> bytes:
+    """``work()``'s bytes, run in a forked child (its first 200 bytes; b"" if it wrote nothing
+    within 30 s); the child ends at once after."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, work())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 30)
+        return os.read(read, 200) if ready else b""
+    finally:
+        os.close(read)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_a_child_forked_while_a_call_is_being_enqueued_makes_its_own_calls(redis_url, prefix, workers, monkeypatch):
+    # A fork keeps only the forking thread: the parent's flusher, in the middle of an ENQUEUE at
+    # the fork, is not in the child, whose calls used to wait for it until they timed out.
+    workers.start(prefix)
+    parent, enqueueing, release = os.getpid(), threading.Event(), threading.Event()
+
+    def parent_enqueue_held(*args, **kwargs):
+        if os.getpid() == parent:
+            enqueueing.set()
+            assert release.wait(30)
+        return run_script(*args, **kwargs)
+
+    monkeypatch.setattr(coalescer, "run_script", parent_enqueue_held)
+    streamer = RedisStreamer(redis_url, prefix, timeout=30)
+    answers = []
+    in_flight = threading.Thread(target=lambda: answers.append(streamer.predict([1])))
+    in_flight.start()
+    assert enqueueing.wait(10)
+
+    def call() -> bytes:
+        try:
+            return repr(streamer.predict([21], timeout=20)).encode()
+        except BaseException as exc:  # noqa: BLE001 - what the child's caller gets is the test
+            return repr(exc).encode()
+
+    try:
+        assert _in_child(call) == b"[42]"
+    finally:
+        release.set()
+        in_flight.join(30)
+    assert answers == [[2]]
+    streamer.close()

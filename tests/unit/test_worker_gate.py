@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import select
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -179,3 +182,40 @@ def test_async_callers_that_would_be_refused_wait_for_the_read_in_flight():
 
     assert asyncio.run(burst()) == [False] * 16
     assert reads == 1
+
+
+def test_a_child_forked_while_a_read_is_in_flight_reads_for_itself():
+    # A fork keeps only the forking thread: the read the parent had in flight never ends in the
+    # child, which used to wait for it on every call and never refuse an unserved prefix again.
+    clock = Clock()
+    watch = WorkerGate("p", dead_after=2.0, grace=30, interval=1.0, clock=clock, wait=10)
+    in_flight = HeldRead((1_000, {}))
+    parent = threading.Thread(target=lambda: pytest.raises(NoLiveWorker, watch.admit, in_flight))
+    parent.start()
+    assert in_flight.started.wait(10)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            clock.now += 2  # the child's next read is due
+            unserved = HeldRead((2_000, {}))
+            unserved.release.set()
+            try:
+                watch.admit(unserved)
+                answer = b"let through"
+            except NoLiveWorker:
+                answer = b"refused"
+            os.write(write, answer)
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 30)
+        answer = os.read(read, 20) if ready else b"stuck"
+    finally:
+        os.close(read)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        in_flight.release.set()
+        parent.join()
+    assert answer == b"refused"
