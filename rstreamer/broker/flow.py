@@ -105,10 +105,19 @@ def run(flow: Flow[T], client: Any, errors: Errors) -> T:
 
 
 def _sent(step: Command, client: Any) -> Any:
-    if step.until is None or time.monotonic() + _socket_timeout(client) <= step.until:
-        # The socket timeout ends a stalled command before the caller's deadline: no thread needed.
+    if step.until is None:
         return step.send(client)
-    return call_within(lambda: step.send(client), step.until, _no_answer)
+    return call_bounded(lambda: step.send(client), client, step.until, _no_answer)
+
+
+def call_bounded(fn: Callable[[], T], client: Any, until: float, timed_out: Callable[[], BaseException]) -> T:
+    """``fn()``, a command of ``client``, waited for no later than the monotonic time ``until``
+    (raises ``timed_out()`` then): in the caller's thread when the client's socket timeout ends a
+    stalled command before ``until``, else in a thread (:func:`~rstreamer.broker.threads.call_within`),
+    whose pool a process's many waiting callers must not fill while their deadlines are far."""
+    if time.monotonic() + _socket_timeout(client) <= until:
+        return fn()
+    return call_within(fn, until, timed_out)
 
 
 def _socket_timeout(client: Any) -> float:

@@ -127,7 +127,8 @@ _BOUNDED = DaemonThreads(256, "rstreamer-bounded")
 
 def call_within(fn: Callable[[], T], until: float, timed_out: Callable[[], BaseException]) -> T:
     """``fn()``, waited for until the monotonic time ``until`` at most; raises ``timed_out()``
-    then (``fn`` goes on in its thread and ends at its socket timeout). ``until`` infinite: ``fn()``
+    then (``fn`` goes on in its thread and ends at its socket timeout, or never starts if no thread
+    took it yet). ``until`` infinite: ``fn()``
     runs in the caller's thread. An error of ``fn`` is raised as is."""
     if until == float("inf"):
         return fn()
@@ -144,8 +145,11 @@ def call_within(fn: Callable[[], T], until: float, timed_out: Callable[[], BaseE
         finally:
             done.set()
 
-    _BOUNDED.submit(run)
+    task = _BOUNDED.submit(run)
     if not done.wait(max(0.0, until - time.monotonic())):
+        # Not started yet (every thread busy): it never starts, for nobody waits for it any more
+        # (a late ENQUEUE would queue items nobody reads, a late pop take what nobody gets).
+        task.cancel()
         raise timed_out()
     ok, value = outcome[0]
     if not ok:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..broker.connection import RedisClient
-from ..broker.flow import Command, Flow, Pause, arun, pipeline, run
+from ..broker.flow import Command, Flow, Pause, arun, call_bounded, pipeline, run
 from ..broker.threads import call_within
 from ..errors import BrokerUnavailable, Overloaded, RStreamerError, StreamerTimeout
 from ..wire.cancel import cancel_args
@@ -92,9 +92,13 @@ class _StreamState:
                 raise self.timed_out()
             try:
                 # Every message waiting in one pop: a slow reader catches up in one round trip.
-                # Never waited for past the call's deadline, whatever Redis does (a stalled server).
+                # Never waited for past the call's deadline, whatever Redis does (a stalled server):
+                # the socket timeout bounds it while the deadline is further away than that, and
+                # the pop runs in the caller's thread. A pop handed to a thread whose caller stops
+                # waiting for it may run later and take chunks that nobody reads: past the
+                # deadline only, where the stream has ended for its caller anyway.
                 pop = methodcaller("blmpop", block, 1, self.call.reply_key, direction="LEFT", count=POP_COUNT)
-                popped = yield Command(pop, until=min(self.call.deadline.command_until, time.monotonic() + block + 2.0))
+                popped = yield Command(pop, until=self.call.deadline.command_until)
             except BrokerUnavailable as exc:
                 if self.call.expired():
                     raise self.timed_out() from None
@@ -192,13 +196,17 @@ class ChunkStream:
             try:
                 state.enqueued(self._within(lambda: script(**state.enqueue_args())))
             except RStreamerError:
-                self._redis.delete(state.control_key)
+                # Best effort, and bounded: the caller gets the call's own error, not a stalled
+                # Redis's socket timeout on top of it; the mark's TTL ends it otherwise.
+                unmark = lambda: self._redis.delete(state.control_key)  # noqa: E731
+                with contextlib.suppress(redis.RedisError, RStreamerError):
+                    call_within(unmark, time.monotonic() + CLOSE_WAIT, state.timed_out)
                 raise
         state.started = True
 
     def _within(self, command: Callable[[], Any]) -> Any:
         """``command()`` (a Redis command), waited for no later than the call's deadline."""
-        return call_within(command, self._state.call.deadline.command_until, self._state.timed_out)
+        return call_bounded(command, self._redis, self._state.call.deadline.command_until, self._state.timed_out)
 
     @property
     def _redis_url(self) -> str:

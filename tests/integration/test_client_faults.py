@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import threading
@@ -18,8 +19,10 @@ import redis
 
 from rstreamer import AsyncRedisStreamer, BrokerUnavailable, Overloaded, RedisStreamer, RemoteError, StreamerTimeout
 from rstreamer.broker.embedded import EmbeddedRedis
+from rstreamer.client import streams
 from rstreamer.client.coalescer import Coalescer
 from rstreamer.client.core import SOCKET_TIMEOUT
+from rstreamer.client.gate import WorkerGate
 from rstreamer.codec.core import unpackb
 from rstreamer.errors import RStreamerError
 from support.held import HeldSends
@@ -128,6 +131,31 @@ def test_streams_and_job_waits_end_within_their_timeout_while_redis_is_stalled(p
     for name, (outcome, seconds) in results.items():
         assert isinstance(outcome, StreamerTimeout), (name, outcome)
         assert seconds < timeout + GRACE + 0.25, f"{name} ended after {seconds:.1f}s (timeout {timeout}s)"
+
+
+def test_a_stream_whose_redis_stalls_between_its_mark_and_its_enqueue_ends_within_its_timeout(
+        private_redis, prefix, monkeypatch):
+    # The stream's clean-up after its ENQUEUE timed out (deleting the mark it had set) waited out
+    # the socket timeout (5 s) and replaced the caller's StreamerTimeout with BrokerUnavailable.
+    timeout = 1.0
+    streamer = RedisStreamer(private_redis.url, prefix, timeout=30, gate=WorkerGate(prefix, grace=math.inf))
+    enqueue_args = streams._StreamState.enqueue_args
+
+    def stall_then_args(state: Any) -> Any:
+        _signal(private_redis, signal.SIGSTOP)  # Redis stops right after it took the mark
+        return enqueue_args(state)
+
+    monkeypatch.setattr(streams._StreamState, "enqueue_args", stall_then_args)
+    calls = Outcomes()
+    try:
+        calls.start("a stream", lambda: list(streamer.stream({"n": 2}, timeout=timeout)))
+        results = calls.join(timeout + 10)
+    finally:
+        _signal(private_redis, signal.SIGCONT)
+        streamer.close()
+    outcome, seconds = results["a stream"]
+    assert isinstance(outcome, StreamerTimeout), outcome
+    assert seconds < timeout + GRACE + 0.25, f"the stream ended after {seconds:.1f}s (timeout {timeout}s)"
 
 
 def test_async_streams_and_job_waits_end_within_their_timeout_while_redis_is_stalled(private_redis, prefix):

@@ -13,6 +13,8 @@ import pytest
 import redis
 
 from rstreamer import AsyncRedisStreamer, RedisStreamer, RemoteError, StreamerTimeout
+from rstreamer.broker import threads
+from rstreamer.broker.threads import DaemonThreads
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.published import fleet_totals, read_workers
 from support.polling import async_wait_until
@@ -252,3 +254,21 @@ def test_the_lane_counts_its_items_as_the_plain_lane_does(
     # items: answered or failed by the model (as a batch model counts them); errors among them.
     assert (counters["items"], counters["errors"], counters["expired"]) == (3, 1, 0)
     assert counters["batches"] >= 3 + 2 + 2 + 3
+
+
+def test_a_stream_far_from_its_deadline_needs_no_thread_of_the_bounded_pool(
+        workers: WorkerProcesses, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every pop of a sync stream went through the pool of 256 threads that bounds a command by its
+    # caller's deadline: with more streams than threads waiting in one process, pops started late,
+    # after their callers had given up on them and popped again, and took chunks nobody read.
+    workers.start(prefix, model=TICKER, batch_size=4)
+    pool = DaemonThreads(1, "test-bounded")
+    monkeypatch.setattr(threads, "_BOUNDED", pool)
+    busy, release = threading.Event(), threading.Event()
+    pool.run(lambda: (busy.set(), release.wait(60)))  # every thread of the pool busy
+    assert busy.wait(10)
+    try:
+        with RedisStreamer(redis_url, prefix) as streamer:
+            assert [chunk[0] for chunk in streamer.stream({"n": 3}, timeout=30)] == [0, 1, 2]
+    finally:
+        release.set()

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from rstreamer.broker import threads
 from rstreamer.broker.threads import DaemonThreads, call_within
 
 
@@ -67,3 +68,20 @@ def test_a_task_nobody_waits_for_has_its_error_logged_and_its_thread_serves_on(c
     pool.shutdown()
     with pytest.raises(RuntimeError):
         pool.run(lambda: None)
+
+
+def test_a_bounded_call_nobody_waits_for_any_more_never_starts(monkeypatch):
+    # Every thread busy: a call its caller gave up on used to start later all the same (a late
+    # ENQUEUE queued items nobody reads, a late pop took chunks nobody got).
+    pool = DaemonThreads(1, "test-bounded")
+    monkeypatch.setattr(threads, "_BOUNDED", pool)
+    busy, release = threading.Event(), threading.Event()
+    pool.run(lambda: (busy.set(), release.wait(30)))
+    assert busy.wait(10)
+    ran = []
+    with pytest.raises(TimeoutError):
+        call_within(lambda: ran.append("abandoned"), time.monotonic() + 0.05, TimeoutError)
+    release.set()
+    # One thread takes the tasks in order: the abandoned one would have run before this one.
+    assert call_within(lambda: "later", time.monotonic() + 10, TimeoutError) == "later"
+    assert ran == []
