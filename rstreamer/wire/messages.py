@@ -394,9 +394,10 @@ def pack_results(results: Iterable[tuple[int, Outcome[Any]]], version: int = WIR
 
 def reply_ttl_ms(floor: float, deadlines: Iterable[float], now: float) -> int:
     """How long a reply key lives: until its last caller's deadline has passed, at least ``floor``
-    s, at most MAX_DURATION_MS (what the FINISH script accepts)."""
+    s, at most MAX_DURATION_MS and at least 1 ms (what the FINISH script accepts: a batch whose TTL it
+    refused would be served again and refused again, for ever)."""
     latest = max(deadlines, default=now)
-    return min(MAX_DURATION_MS, int(max(floor, latest - now + REPLY_GRACE) * 1000))
+    return max(1, min(MAX_DURATION_MS, int(max(floor, latest - now + REPLY_GRACE) * 1000)))
 
 
 def _decode_output(item: Any, version: int, max_bytes: int) -> Outcome[Any]:

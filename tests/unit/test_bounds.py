@@ -72,6 +72,9 @@ def test_an_entry_whose_remaining_timeout_is_not_a_wire_time_is_malformed():
 def test_a_reply_ttl_never_exceeds_what_the_finish_script_accepts():
     assert reply_ttl_ms(60, [1e15], 0.0) == MAX_DURATION_MS  # an entry may carry up to MAX_WIRE_MS
     assert reply_ttl_ms(60, [10.0], 0.0) == 60_000
+    # A floor under 1 ms and a deadline long past: still 1 ms, which FINISH accepts (0 it refuses,
+    # and the worker served the batch again and again).
+    assert reply_ttl_ms(0.0005, [10.0], 100.0) == 1
 
 
 class Headers(dict[str, str]):
