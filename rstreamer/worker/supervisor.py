@@ -81,6 +81,11 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded:
     the supervisor tells of the slot (restarts, last exit), published in the worker's heartbeat
     for ``rstreamer dashboard``.
     """
+    # The supervisor as multiprocessing recorded it when it started this process: one SIGKILLed
+    # before this line or while the model loads (minutes, for a large one) leaves this process to
+    # init, whose pid os.getppid() would give from then on, and its going would never be seen.
+    parent = multiprocessing.parent_process()
+    supervisor = parent.pid if parent is not None and parent.pid is not None else os.getppid()
     # The supervisor already set CUDA_VISIBLE_DEVICES in our environment (child_environment);
     # pinning again covers the fork start method. The model is an import string, imported by
     # run_forever(), so nothing of it is loaded before this line.
@@ -92,7 +97,7 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded:
     from .loop import RedisWorker
 
     if spec.shelf is not None:
-        _serve_shelf(spec, spec.shelf, gpu_id, slot, loaded, slot_info)
+        _serve_shelf(spec, spec.shelf, gpu_id, slot, loaded, slot_info, supervisor)
         return
     try:
         resolve_model(spec.model)  # imported once here; the worker's load finds it in sys.modules
@@ -110,10 +115,11 @@ def worker_process_main(spec: WorkerSpec, gpu_id: int | None, slot: int, loaded:
         metrics.track(worker.stats, worker.name, gpu_id)
     worker.slot_info = dict(slot_info or {"slot": slot})
     worker.hooks = ChainedHooks(*(h for h in (metrics, worker_tracer(worker.keys.prefix)) if h is not None))
+    # Watched from before the load: an orphan stops as soon as its model has loaded.
+    threading.Thread(target=_stop_when_orphaned, args=(worker, supervisor), name="orphan-watch", daemon=True).start()
     _load(worker, spec, slot, loaded)
     if spec.log_interval > 0:
         StatsSummary(worker.name, worker.stats, spec.log_interval).start()
-    threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
     worker.run_forever()
 
 
@@ -144,7 +150,7 @@ def _where(exc: BaseException) -> str:
 
 
 def _serve_shelf(spec: WorkerSpec, shelf: Shelf, gpu_id: int | None, slot: int, loaded: Any,
-                 slot_info: dict[str, Any] | None) -> None:
+                 slot_info: dict[str, Any] | None, supervisor: int) -> None:
     """Entry point of one shelf worker process (the models are imported when they are loaded)."""
     from ..ops.tracing import worker_tracer
     from .shelf import ShelfWorker
@@ -157,7 +163,7 @@ def _serve_shelf(spec: WorkerSpec, shelf: Shelf, gpu_id: int | None, slot: int, 
         metrics.worker = worker.name
     if loaded is not None:
         loaded.set()  # nothing to load at start: a model that fails to load later fails alone
-    threading.Thread(target=_stop_when_orphaned, args=(worker, os.getppid()), name="orphan-watch", daemon=True).start()
+    threading.Thread(target=_stop_when_orphaned, args=(worker, supervisor), name="orphan-watch", daemon=True).start()
     worker.run_forever()
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -299,3 +300,20 @@ def test_workers_of_a_sigkilled_supervisor_drain_and_exit(fleet, redis_url, pref
     supervised.wait(timeout=10)
     wait_until(lambda: not any(parent_of(pid) for pid in children), timeout=20, what="orphaned workers to exit")
     assert snapshot(redis_url, prefix).workers == {}  # they deregistered on the way out
+
+
+def test_a_worker_whose_supervisor_is_sigkilled_while_its_model_loads_exits_once_loaded(fleet, redis_url, prefix):
+    # Its watch read the parent after the load: by then init's pid, so it never saw the
+    # supervisor go, and the orphan served (and held its GPU) for good.
+    supervised = fleet.start(prefix, "--init-kwargs", json.dumps({"tag": "a", "load_delay": 4}),
+                             model="support.models:Tagged")
+    started = re.compile(r"started worker slot 0 \(cpu\) as pid (\d+)")
+    wait_until(lambda: started.search(supervised.log()), what="the worker started")
+    match = started.search(supervised.log())
+    assert match is not None
+    worker = int(match.group(1))
+    assert parent_of(worker) == supervised.pid
+    os.kill(supervised.pid, signal.SIGKILL)  # while init_model sleeps
+    supervised.wait(timeout=10)
+    wait_until(lambda: parent_of(worker) is None, timeout=30, what="the orphaned worker to exit")
+    assert snapshot(redis_url, prefix).workers == {}
