@@ -87,7 +87,16 @@ def normalize_broker_url(redis_broker: str | None) -> str:
 
 def redacted(url: str) -> str:
     """The URL without its passwords, for logs and error messages."""
-    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1***@", url))
+    cleaned, found = _USERINFO_PASSWORD.subn(r"\1***@", url)
+    if not found:
+        # A password with a '/' that is not percent-encoded (openssl's base64 has them): the
+        # authority does not end at the first '/', so everything up to the last '@' is taken
+        # for the user and password (a URL that parses like this is refused anyway).
+        scheme, sep, rest = url.partition("://")
+        userinfo, at, after = rest.rpartition("@")
+        if sep and at and ":" in userinfo:
+            cleaned = f"{scheme}://{userinfo.partition(':')[0]}:***@{after}"
+    return _QUERY_PASSWORD.sub(r"\1***", cleaned)
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,9 @@ def _node(host_port: str, default_port: int, url: str) -> tuple[str, int]:
         return match["host"].strip("[]"), port
     if re.fullmatch(r"[\w.\-]+|\[[0-9a-fA-F:]+\]", host_port):
         return host_port.strip("[]"), default_port
+    if "@" in url:  # what is taken for a host may be a piece of a password that split the URL
+        raise ConfigError(f"bad host:port in {redacted(url)!r} (a password with '/' or '?' must be "
+                          "percent-encoded: %2F, %3F)")
     raise ConfigError(f"bad host:port {host_port!r} in {redacted(url)!r}")
 
 
