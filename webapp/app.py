@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 import redis
 from flask import Flask, Request, Response, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException
 
 from rstreamer import BrokerUnavailable, RedisStreamer
 from rstreamer.broker.connection import RedisClient, create_redis
@@ -23,7 +23,7 @@ from rstreamer.ops.metrics import outcome_of
 from rstreamer.wire.keys import Keys
 from rstreamer.wire.shelf import read_serving
 
-from . import jobs, metrics, multiproc, protocol, sse
+from . import jobs, metrics, multiproc, protocol, sse, wsgi_io
 from .config import WebConfig, web_gate
 from .openai import wsgi_routes as openai_routes
 from .openai.errors import http_error as openai_http_error
@@ -74,7 +74,7 @@ def create_app(config: WebConfig | None = None) -> Flask:
     config.announce("rstreamer web app (Flask)")
     multiproc.check("rstreamer web app (Flask)")
     app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = config.max_body
+    wsgi_io.configure(app, config.max_body)
     # The streamer's gate refuses calls (503) while no live worker serves the prefix.
     streamer = PerProcess(lambda: RedisStreamer(config.redis_url, config.prefix, settings=config.client,
                                                 gate=web_gate(config)))
@@ -140,11 +140,7 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
     @app.post("/jobs")
     def submit_job() -> Response:
         def submit() -> tuple[int, bytes, dict[str, str]]:
-            try:
-                body = request.get_data(cache=False)
-            except RequestEntityTooLarge:
-                raise protocol.too_large(config.max_body) from None
-            job_request = jobs.parse_job_request(request.content_type, body, request.headers)
+            job_request = jobs.parse_job_request(request.content_type, wsgi_io.read_body(request), request.headers)
             job = streamer.get().submit_job(job_request.inputs, ttl=job_request.ttl, meta=job_request.meta,
                                           webhook=job_request.webhook, tenant=job_request.tenant)
             return (202, *jobs.submitted(job.id))
@@ -169,18 +165,11 @@ def _add_job_routes(app: Flask, config: WebConfig, streamer: PerProcess[RedisStr
         return answer("/jobs/<id>", cancel)
 
 
-def _body(req: Request, config: WebConfig) -> bytes:
-    try:
-        return req.get_data(cache=False)
-    except RequestEntityTooLarge:
-        raise protocol.too_large(config.max_body) from None
-
-
 def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
     # Counted from the start: a refusal (a malformed or oversized body, no live worker) is a call
     # that failed, which the error-ratio alert must see.
     with metrics.calls().track(config.prefix, 0) as tracked:
-        call = protocol.parse_call(req.content_type, _body(req, config), req.headers)
+        call = protocol.parse_call(req.content_type, wsgi_io.read_body(req), req.headers)
         tracked.add_items(len(call.inputs))
         outputs = streamer.predict(call.inputs, priority=call.priority, tenant=call.tenant)
     return protocol.outputs_body(outputs)
@@ -189,7 +178,7 @@ def _predict(req: Request, config: WebConfig, streamer: RedisStreamer) -> bytes:
 def _generate(req: Request, config: WebConfig, streamer: RedisStreamer) -> Response:
     # Enqueued before the response starts, so a refused call gets its status (400, 503).
     try:
-        call = sse.parse_generate(req.content_type, _body(req, config), req.headers)
+        call = sse.parse_generate(req.content_type, wsgi_io.read_body(req), req.headers)
         stream = streamer.stream(call.item, call.timeout, priority=call.priority, tenant=call.tenant)
     except Exception as exc:
         metrics.calls().count(config.prefix, outcome_of(exc))

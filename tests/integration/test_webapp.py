@@ -106,6 +106,17 @@ def test_body_over_max_body_is_413(redis_url, prefix, workers, web):
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "PayloadTooLarge"
     assert server.predict(["x" * 100]).status_code == 200
+    # Chunked (no Content-Length): Werkzeug cut such a body at the limit and the call ran on the
+    # truncated inputs (200), or its JSON, cut, was "not valid JSON" (400).
+    for content_type, parts in (("application/x-www-form-urlencoded", [b"s=" + b"a" * 1500, b"&s=" + b"b" * 1500]),
+                                ("application/json", [b'{"inputs": ["', b"x" * 3000, b'"]}'])):
+        chunked = server.client.post("/predict", content=iter(parts), headers={"content-type": content_type})
+        assert chunked.status_code == 413, (content_type, chunked.status_code, chunked.text[:200])
+        assert chunked.json()["error"]["type"] == "PayloadTooLarge"
+    for route in ("/jobs", "/generate", "/v1/chat/completions"):
+        chunked = server.client.post(route, content=iter([b'{"inputs": ["', b"x" * 3000, b'"]}']),
+                                     headers={"content-type": "application/json"})
+        assert chunked.status_code == 413, (route, chunked.status_code, chunked.text[:200])
 
 
 def test_no_live_worker_is_503_at_once_and_not_ready(redis_client, redis_url, prefix, web):

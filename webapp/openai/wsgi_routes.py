@@ -8,7 +8,7 @@ from typing import Any
 from flask import Flask, Request, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from .. import metrics, protocol
+from .. import metrics, protocol, wsgi_io
 from . import auth, requests, responses, store, streaming
 from .errors import bad_request, error_reply
 from .service import OpenAIService
@@ -56,10 +56,7 @@ def _json(document: Any, status: int = 200) -> Response:
 
 
 def _document(req: Request) -> dict[str, Any]:
-    try:
-        return requests.json_object(req.get_data(cache=False))
-    except RequestEntityTooLarge:
-        raise protocol.too_large(req.max_content_length or 0) from None
+    return requests.json_object(wsgi_io.read_body(req))
 
 
 def _models(service: OpenAIService, owner: str | None) -> Response:
