@@ -10,7 +10,6 @@ page; ``count=0`` answers the status alone. An unknown or expired id is a 404.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from rstreamer.errors import RemoteError
 from rstreamer.jobs.core import JobInfo, JobItem, check_webhook
 from rstreamer.settings import MAX_JOB_TTL
 
-from .protocol import JSON, RequestHeaders, bad_request, dumps, request_tenant
+from .protocol import JSON, RequestHeaders, bad_request, dumps, json_body, request_tenant
 
 MAX_PAGE = 1000
 """Most outputs one ``GET /jobs/<id>`` returns."""
@@ -43,10 +42,7 @@ def parse_job_request(content_type: str | None, body: bytes, headers: RequestHea
     mimetype = (content_type or "").split(";", 1)[0].strip().lower()
     if mimetype != JSON and not mimetype.endswith("+json"):
         raise bad_request(f'send {JSON} {{"inputs": [...]}}, not {mimetype or "no type"}')
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        raise bad_request(f"body is not valid JSON: {exc}") from None
+    document = json_body(body)
     if not isinstance(document, dict) or not isinstance(document.get("inputs"), list):
         raise bad_request('expected a JSON object {"inputs": [...]}')
     unknown = set(document) - {"inputs", "ttl", "meta", "webhook"}

@@ -151,13 +151,18 @@ def _looks_like_json(body: bytes) -> bool:
     return body.lstrip()[:1] in (b"{", b"[")
 
 
-def _json_document(body: bytes) -> dict[str, Any]:
+def json_body(body: bytes) -> Any:
+    """The JSON value of a request body; a body that is not JSON is a 400 (never a 500)."""
     try:
-        document = json.loads(body)
+        return json.loads(body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
         raise bad_request(f"body is not valid JSON: {exc}") from None
     except RecursionError:  # the parser recurses once per level: thousands of [[[[ exhaust the stack
         raise bad_request("body is JSON nested too deeply (arrays or objects thousands of levels deep)") from None
+
+
+def _json_document(body: bytes) -> dict[str, Any]:
+    document = json_body(body)
     if not isinstance(document, dict) or "inputs" not in document:
         raise bad_request('expected a JSON object {"inputs": [...]}')
     return document

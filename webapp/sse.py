@@ -48,10 +48,7 @@ def parse_generate(content_type: str | None, body: bytes, headers: protocol.Requ
     mimetype = (content_type or "").split(";", 1)[0].strip().lower()
     if mimetype != protocol.JSON and not mimetype.endswith("+json"):
         raise protocol.bad_request(f'send {protocol.JSON} {{"input": ...}}, not {mimetype or "no type"}')
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        raise protocol.bad_request(f"body is not valid JSON: {exc}") from None
+    document = protocol.json_body(body)
     if not isinstance(document, dict) or "input" not in document:
         raise protocol.bad_request('expected a JSON object {"input": ...}')
     timeout = document.get("timeout")

@@ -62,6 +62,13 @@ def test_cancel_unknown_and_bad_requests(redis_client, prefix, workers, server):
         refused = server.client.post("/jobs", json=bad)
         assert refused.status_code == 400 and refused.json()["error"]["type"] == "BadRequest", bad
     assert server.client.post("/jobs", content=b"{", headers={"content-type": "application/json"}).status_code == 400
+    # A lone surrogate in the webhook (it failed to encode when the job was stored) and JSON nested
+    # deeper than the parser recurses: both were a 500 with a traceback in the web log.
+    surrogate = b'{"inputs": [1], "webhook": "http://example.com/\\ud800"}'
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for path, body in (("/jobs", surrogate), ("/jobs", deep), ("/generate", deep)):
+        refused = server.client.post(path, content=body, headers={"content-type": "application/json"})
+        assert refused.status_code == 400 and refused.json()["error"]["type"] == "BadRequest", (path, refused.text)
     assert server.client.get(f"{url}?count=-1").status_code == 400
     assert server.client.get(f"{url}?count=1001").status_code == 400
     assert server.client.get(f"{url}?start=x").status_code == 400

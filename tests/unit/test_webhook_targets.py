@@ -75,7 +75,9 @@ def test_a_bad_allow_list_entry_is_a_config_error_naming_it(text, monkeypatch):
 
 
 def test_submit_refuses_non_http_urls_and_literal_internal_addresses():
-    for bad in ["file:///etc/passwd", "ftp://x", "http://", "http://x:99999/", "x" * 10, 3, "https://" + "a" * 2050]:
+    for bad in ["file:///etc/passwd", "ftp://x", "http://", "http://x:99999/", "x" * 10, 3, "https://" + "a" * 2050,
+                # never sendable: a lone surrogate (a 500 when the job was stored), a space, CR LF
+                "http://example.com/\ud800", "http://example.com/a b", "http://example.com/\r\nX-Injected: 1"]:
         with pytest.raises(ValueError, match="http:// or https://"):
             check_url(bad, TargetPolicy())
     for bad in ["http://127.0.0.1:8080/hook", "http://[::1]/", "http://169.254.169.254/latest/meta-data/",
