@@ -4,14 +4,15 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from .batching.batcher import Batcher, BatchPolicy, BatchStats, Outcome, answer_batch
+from .batching.batcher import Batcher, BatchPolicy, BatchStats, Failure, Outcome, answer_batch
 from .batching.costing import CostBudget, CostModel, OomGuard, parse_cost_model, safe_cost
 from .client.base import BaseStreamer
 from .client.future import Future
@@ -189,31 +190,62 @@ class ThreadedStreamer(_LocalStreamer):
 
 
 class ResultPipe:
-    """Worker processes' messages to the parent: a pipe whose ``put`` writes before it returns.
+    """One worker process's messages to the parent: a pipe of its own whose ``put`` writes before
+    it returns.
 
     ``multiprocessing.Queue.put`` hands the message to a feeder thread. In a child of a
     gevent-patched parent (spawn re-runs the parent's main module, ``monkey.patch_all()``
     included) that feeder is a greenlet, which runs only when the worker's loop yields to the
     hub; a worker blocked on the inbox's lock never does, so its answers waited for seconds or
-    were never sent. Here the writer sends under a lock shared by the workers, with no helper
-    thread. One reader (the parent's collector) polls with a timeout, which gevent makes
-    cooperative in the parent.
+    were never sent. Here the worker writes itself, with no helper thread. Each worker has its own
+    pipe: one shared under a lock was wedged for every worker (and for ``close()``) by a worker
+    killed while it held the lock. The worker gets the write end only, so that a write to a
+    parent that died fails instead of blocking for ever (the parent's collector polls every pipe
+    with a timeout, which gevent makes cooperative in the parent).
     """
 
     def __init__(self, context: Any) -> None:
-        self._reader, self._writer = context.Pipe(duplex=False)
-        self._write_lock = context.Lock()
+        self.reader, self._writer = context.Pipe(duplex=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_writer": self._writer}  # what a worker process gets (spawn): not the read end
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.reader, self._writer = None, state["_writer"]
 
     def put(self, message: Any) -> None:
         """Send ``message`` (pickled: local IPC, never Redis); blocks while the pipe is full."""
-        with self._write_lock:
-            self._writer.send(message)
+        self._writer.send(message)
 
-    def get(self, timeout: float) -> Any:
-        """The next message, waiting at most ``timeout`` s; raises ``queue.Empty`` if none came."""
-        if not self._reader.poll(timeout):
-            raise queue.Empty
-        return self._reader.recv()
+    @property
+    def open(self) -> bool:
+        """Whether the parent may still read it (the read end is here and not closed)."""
+        return self.reader is not None and not self.reader.closed
+
+    def started(self) -> None:
+        """The worker holds the write end now: the parent's copy goes, so that the worker's exit
+        ends the pipe (a read of a message its death cut short fails instead of waiting)."""
+        self._writer.close()
+
+    def close(self) -> None:
+        """Close the read end (the parent's, once its worker is gone)."""
+        if self.open:
+            self.reader.close()
+
+
+class _ReportingSource(QueueSource):
+    """A worker's inbox that tells the parent which items it took before it runs them, so that
+    the items of a worker that dies mid-batch fail at once instead of at their timeouts."""
+
+    def __init__(self, inbox: Any, alive: Callable[[], bool] | None, outbox: ResultPipe, slot: int) -> None:
+        super().__init__(inbox, alive)
+        self._outbox, self._slot = outbox, slot
+
+    def fetch(self, max_items: int, timeout: float) -> list[Any]:
+        items = super().fetch(max_items, timeout)
+        if items:
+            self._outbox.put(("taken", self._slot, [(item.task, item.index) for item in items]))
+        return items
 
 
 def _process_worker_main(
@@ -234,9 +266,13 @@ def _process_worker_main(
 
     stats = BatchStats()
     parent = multiprocessing.parent_process()
-    serve_queue(QueueSource(inbox, parent.is_alive if parent else None), policy, predict, deliver, stats, peers, cost)
-    if parent is None or parent.is_alive():  # nobody reads the pipe of a dead parent: a full one would block
-        outbox.put(("stats", slot, stats))
+    alive = parent.is_alive if parent else None
+    try:
+        serve_queue(_ReportingSource(inbox, alive, outbox, slot), policy, predict, deliver, stats, peers, cost)
+        if parent is None or parent.is_alive():  # nobody reads the pipe of a dead parent
+            outbox.put(("stats", slot, stats))
+    except (BrokenPipeError, EOFError):  # the parent died: nobody waits for anything of ours
+        return
 
 
 class Streamer(_LocalStreamer):
@@ -274,27 +310,25 @@ class Streamer(_LocalStreamer):
             raise ConfigError(f"unknown mp_start_method {mp_start_method!r}")
         budget = CostBudget(max_batch_cost, parse_cost_model(cost_model))
         self.policy = BatchPolicy(batch_size, max_latency, adaptive, cost=budget)
-        context = process_context(mp_start_method)
-        self._inbox = context.Queue()
-        self._outbox = ResultPipe(context)
+        self._context = process_context(mp_start_method)
+        self._inbox = self._context.Queue()
         self._tasks = itertools.count()
         self._futures: dict[int, Future] = {}
         self._futures_lock = threading.Lock()
         self._ready: set[int] = set()
         self._failed: dict[int, str] = {}
         self._state_changed = threading.Condition()
-        model = model_ref(predict_function_or_model)
-        self._processes = []
-        for slot, gpu in enumerate(round_robin(worker_num, cuda_devices)):
-            process = context.Process(
-                target=_process_worker_main,
-                args=(model, gpu, model_init_args, model_init_kwargs, self.policy, self._inbox, self._outbox, slot,
-                      worker_num, cost),
-                name=f"rstreamer-worker-{slot}", daemon=True,
-            )
-            with child_environment(gpu):
-                process.start()
-            self._processes.append(process)
+        # What each worker took and has not answered yet: failed at once if it dies.
+        self._taken: dict[int, set[tuple[int, int]]] = {}
+        self._worker_args = (model_ref(predict_function_or_model), model_init_args, model_init_kwargs, self.policy,
+                             self._inbox, worker_num, cost)
+        self._gpus = round_robin(worker_num, cuda_devices)
+        self._processes: list[Any] = []
+        self._pipes: list[ResultPipe] = []
+        self._lifecycle = threading.Lock()  # close() against a restart by the collector
+        self._stopping = threading.Event()
+        for slot in range(len(self._gpus)):
+            self._start_worker(slot)
         self._collector = threading.Thread(target=self._collect, name="rstreamer-collector", daemon=True)
         self._collector.start()
         if wait_for_worker_ready:
@@ -344,28 +378,82 @@ class Streamer(_LocalStreamer):
         with self._futures_lock:
             self._futures.pop(task, None)
 
-    def _collect(self) -> None:
-        while True:
-            try:
-                # A timed get waits in poll(), which gevent's monkey-patching makes cooperative;
-                # an untimed one blocks in read() and, under gevent, the whole process with it.
-                kind, slot, body = self._outbox.get(_IDLE_WAIT)
-            except queue.Empty:
-                continue
-            if kind == "results":
-                self._route(body)
-            elif kind == "stats":
-                for field in ("batches", "items", "errors", "expired"):
-                    setattr(self.stats, field, getattr(self.stats, field) + getattr(body, field))
-            elif kind == "stop":
-                return
-            else:
-                with self._state_changed:
-                    (self._ready.add(slot) if kind == "ready" else self._failed.__setitem__(slot, body))
-                    self._state_changed.notify_all()
+    def _start_worker(self, slot: int) -> None:
+        """Start the worker process of ``slot``, with a pipe of its own (called again for a worker that died)."""
+        model, init_args, init_kwargs, policy, inbox, peers, cost = self._worker_args
+        pipe = ResultPipe(self._context)
+        gpu = self._gpus[slot]
+        process = self._context.Process(
+            target=_process_worker_main,
+            args=(model, gpu, init_args, init_kwargs, policy, inbox, pipe, slot, peers, cost),
+            name=f"rstreamer-worker-{slot}", daemon=True,
+        )
+        with child_environment(gpu):
+            process.start()
+        pipe.started()
+        if slot < len(self._processes):
+            self._processes[slot], self._pipes[slot] = process, pipe
+        else:
+            self._processes.append(process)
+            self._pipes.append(pipe)
+        self._taken[slot] = set()
 
-    def _route(self, results: list[tuple[int, int, Outcome[Any]]]) -> None:
+    def _collect(self) -> None:
+        while not self._stopping.is_set():
+            readers = {pipe.reader: slot for slot, pipe in enumerate(self._pipes) if pipe.open}
+            # A timed wait polls, which gevent's monkey-patching makes cooperative; an untimed
+            # read would block in read() and, under gevent, the whole process with it.
+            for reader in multiprocessing.connection.wait(list(readers), _IDLE_WAIT):
+                self._read(readers[cast(Any, reader)], cast(Any, reader))
+            self._check_workers()
+
+    def _read(self, slot: int, reader: Any) -> None:
+        """Handle one message of ``slot``'s worker; a pipe whose worker is gone is closed."""
+        try:
+            kind, _, body = reader.recv()
+        except Exception:  # EOF: its worker exited (killed mid-message, the rest of it is unreadable)
+            self._pipes[slot].close()
+            return
+        if kind == "results":
+            self._route(slot, body)
+        elif kind == "taken":
+            self._taken[slot].update(body)
+        elif kind == "stats":
+            for field in ("batches", "items", "errors", "expired"):
+                setattr(self.stats, field, getattr(self.stats, field) + getattr(body, field))
+        else:
+            with self._state_changed:
+                (self._ready.add(slot) if kind == "ready" else self._failed.__setitem__(slot, body))
+                self._state_changed.notify_all()
+
+    def _check_workers(self) -> None:
+        """A worker that died while serving (the model killed its process, the OOM killer): what it
+        took and did not answer fails at once, and a new worker takes its slot. One that never
+        loaded its model is left to :meth:`wait_ready` (a configuration error, not restarted)."""
+        for slot, process in enumerate(self._processes):
+            if process.exitcode is None or self._closed or slot not in self._ready:
+                continue
+            pipe = self._pipes[slot]
+            while pipe.open and pipe.reader.poll(0):  # what it sent before it died
+                self._read(slot, pipe.reader)
+            lost, self._taken[slot] = self._taken[slot], set()
+            failure = Failure("WorkerDied", f"local worker {slot} died (exit code {process.exitcode}) while it ran "
+                                            "this item; a new worker serves the others")
+            self._route(slot, [(task, index, Outcome(False, failure=failure)) for task, index in lost])
+            logger.error("local worker %d died (exit code %s) with %d items; starting a new one", slot,
+                         process.exitcode, len(lost))
+            self._pipes[slot].close()
+            with self._lifecycle:
+                if self._closed:
+                    return
+                with self._state_changed:
+                    self._ready.discard(slot)
+                self._start_worker(slot)
+
+    def _route(self, slot: int, results: list[tuple[int, int, Outcome[Any]]]) -> None:
+        taken = self._taken[slot]
         for task, index, outcome in results:
+            taken.discard((task, index))
             with self._futures_lock:
                 future = self._futures.get(task)
             if future is not None:
@@ -375,9 +463,10 @@ class Streamer(_LocalStreamer):
 
     def close(self) -> None:
         """Stop the worker after the items already queued; calls made after it fail."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lifecycle:
+            if self._closed:
+                return
+            self._closed = True
         for _ in self._processes:
             self._inbox.put(None)
         for process in self._processes:
@@ -385,8 +474,10 @@ class Streamer(_LocalStreamer):
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=5)
-        self._outbox.put(("stop", -1, None))
+        self._stopping.set()
         self._collector.join(timeout=5)
+        for pipe in self._pipes:
+            pipe.close()
 
 
 class _LocalFuture(Future):

@@ -1,12 +1,18 @@
 """ThreadedStreamer and Streamer on the shared batching core (no Redis)."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from rstreamer import RemoteError, Streamer, StreamerTimeout, ThreadedStreamer, WorkerStartupError
+from support import procs
 from support.models import Doubler, Placement, double
+from support.procs import wait_until
 
 
 def test_threaded_streamer_concurrent_calls_and_batching():
@@ -90,3 +96,50 @@ def test_streamer_timeout_when_no_answer():
     with Streamer(Doubler, 4, 0.0, worker_num=1, wait_for_worker_ready=True) as streamer:
         with pytest.raises(StreamerTimeout):
             streamer.predict([["sleep", 2]], timeout=0.3)
+
+
+def test_a_local_worker_that_dies_mid_batch_fails_its_items_at_once_and_is_replaced():
+    # Nothing noticed a dead worker: its items, and with one worker every later call, waited out
+    # their whole timeout and got a StreamerTimeout that did not say why.
+    with Streamer(Doubler, batch_size=4, max_latency=0.01, worker_num=1, wait_for_worker_ready=True,
+                  timeout=600) as streamer:
+        first = streamer._processes[0].pid
+        dying = streamer.submit(["kill"])  # the model ends its process: os._exit(17)
+        with pytest.raises(RemoteError, match=r"local worker 0 died \(exit code 17\)") as info:
+            dying.result(timeout=60)
+        assert info.value.remote_type == "WorkerDied"
+        assert streamer.predict([1, 2], timeout=60) == [2, 4]  # served by the worker in its place
+        assert streamer._processes[0].pid != first
+
+
+def test_the_workers_of_a_process_killed_while_they_answer_exit():
+    # A worker held the read end of its own result pipe, so a write to a parent that died blocked
+    # for ever once the pipe was full: the worker never reached its checks for a dead parent.
+    with subprocess.Popen([sys.executable, "-c", PARENT_KILLED], stdout=subprocess.PIPE, text=True,
+                          env=procs.test_env()) as child:
+        try:
+            workers = [int(pid) for pid in child.stdout.readline().split()]
+            assert child.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            child.kill()
+    assert workers
+    wait_until(lambda: not any(_running(pid) for pid in workers), timeout=30, what="the orphaned workers to exit")
+
+
+PARENT_KILLED = """
+import os, signal, sys
+from rstreamer import Streamer
+from support.models import megabytes
+streamer = Streamer(megabytes, batch_size=4, max_latency=0.01, worker_num=2, wait_for_worker_ready=True)
+print(*[process.pid for process in streamer._processes], flush=True)
+futures = [streamer.submit([n]) for n in range(200)]  # 200 answers of 1 MiB: more than a pipe holds
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -16,6 +16,12 @@ def double(batch: list[Any]) -> list[Any]:
     return [item * 2 for item in batch]
 
 
+def megabytes(batch: list[Any]) -> list[bytes]:
+    """An answer of 1 MiB per item, a little slowly: a parent's pipe fills while it does not read."""
+    time.sleep(0.02)
+    return [bytes(1 << 20) for _ in batch]
+
+
 class Doubler(ManagedModel):
     """x -> 2x; 'boom' raises; 'kill' kills the process; ('sleep', s) sleeps s seconds;
     ('wait_for', path) waits (up to 60 s) until a file is at that path."""
