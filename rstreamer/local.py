@@ -8,6 +8,7 @@ import multiprocessing.connection
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -329,8 +330,12 @@ class Streamer(_LocalStreamer):
         self._stopping = threading.Event()
         for slot in range(len(self._gpus)):
             self._start_worker(slot)
-        self._collector = threading.Thread(target=self._collect, name="rstreamer-collector", daemon=True)
+        # The collector holds the streamer weakly, and a streamer dropped without close() stops its
+        # workers when it is collected: they used to live until the interpreter exited.
+        self._collector = threading.Thread(target=_collect_while_referenced, args=(weakref.ref(self), self._stopping),
+                                           name="rstreamer-collector", daemon=True)
         self._collector.start()
+        weakref.finalize(self, _stop_workers, self._processes, self._stopping)
         if wait_for_worker_ready:
             self.wait_ready()
 
@@ -398,14 +403,14 @@ class Streamer(_LocalStreamer):
             self._pipes.append(pipe)
         self._taken[slot] = set()
 
-    def _collect(self) -> None:
-        while not self._stopping.is_set():
-            readers = {pipe.reader: slot for slot, pipe in enumerate(self._pipes) if pipe.open}
-            # A timed wait polls, which gevent's monkey-patching makes cooperative; an untimed
-            # read would block in read() and, under gevent, the whole process with it.
-            for reader in multiprocessing.connection.wait(list(readers), _IDLE_WAIT):
-                self._read(readers[cast(Any, reader)], cast(Any, reader))
-            self._check_workers()
+    def _collect_once(self) -> None:
+        """Handle what the workers sent within one wait, then look for a worker that died."""
+        readers = {pipe.reader: slot for slot, pipe in enumerate(self._pipes) if pipe.open}
+        # A timed wait polls, which gevent's monkey-patching makes cooperative; an untimed
+        # read would block in read() and, under gevent, the whole process with it.
+        for reader in multiprocessing.connection.wait(list(readers), _IDLE_WAIT):
+            self._read(readers[cast(Any, reader)], cast(Any, reader))
+        self._check_workers()
 
     def _read(self, slot: int, reader: Any) -> None:
         """Handle one message of ``slot``'s worker; a pipe whose worker is gone is closed."""
@@ -478,6 +483,27 @@ class Streamer(_LocalStreamer):
         self._collector.join(timeout=5)
         for pipe in self._pipes:
             pipe.close()
+
+
+def _collect_while_referenced(streamer: weakref.ref[Streamer], stopping: threading.Event) -> None:
+    """The collector's loop, as long as the streamer is referenced elsewhere and not closed."""
+    while not stopping.is_set():
+        current = streamer()
+        if current is None:
+            return
+        current._collect_once()
+        del current  # not held through the next wait: the streamer may be collected meanwhile
+
+
+def _stop_workers(processes: list[Any], stopping: threading.Event) -> None:
+    """What a streamer that was never closed leaves: its workers (it is being collected, so no
+    call of it waits for anything)."""
+    stopping.set()
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
 
 
 class _LocalFuture(Future):

@@ -1,6 +1,7 @@
 """ThreadedStreamer and Streamer on the shared batching core (no Redis)."""
 from __future__ import annotations
 
+import gc
 import signal
 import subprocess
 import sys
@@ -143,3 +144,17 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def test_a_streamer_dropped_without_close_stops_its_workers():
+    # Its collector thread held it, so it was never collected: its workers lived as long as the
+    # interpreter, each holding its model (and its GPU memory).
+    def serve_once() -> list[int]:
+        streamer = Streamer(double, batch_size=4, max_latency=0.01, worker_num=2, wait_for_worker_ready=True)
+        assert streamer.predict([1]) == [2]
+        return [process.pid for process in streamer._processes]
+
+    workers = serve_once()
+    gc.collect()
+    wait_until(lambda: not any(_running(pid) for pid in workers), timeout=30,
+               what="the workers of a streamer nobody holds to exit")
