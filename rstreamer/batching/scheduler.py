@@ -106,7 +106,11 @@ class Scheduler(Generic[T]):
     # admission -------------------------------------------------------------------------
 
     def room(self) -> int:
-        """How many more items to read now: free slots not already claimed by waiting items."""
+        """How many more items to read now: free slots not already claimed by waiting items, and
+        none while an item waits for cost headroom (read, it would wait here, where an idle peer
+        cannot take it, and its stream could time out meanwhile)."""
+        if self.max_cost is not None and self.waiting:
+            return 0
         return max(0, self.max_active - len(self.active) - len(self.waiting))
 
     @property
@@ -150,7 +154,10 @@ class Scheduler(Generic[T]):
                 logger.exception("model refused an item")
                 self.stats.failed += 1
                 return [Event(chosen[0].item, failure=self.errors_of(exc))]
-            # One at a time, so only the items that raise fail (the model started none of them).
+            # One at a time, so only the items that raise fail; first, whatever the call started
+            # before it raised is cancelled (a model that started some keys would otherwise
+            # start them twice, and its state would be wrong from then on).
+            self._cancel_in_model([live.key for live in chosen])
             return [event for live in chosen for event in self._start([live])]
         for live in chosen:
             self.active[live.key] = live
@@ -202,14 +209,14 @@ class Scheduler(Generic[T]):
     def step(self) -> list[Event[T]]:
         """Advance every live sequence once; an event per item that produced or finished.
 
-        If the model raises, every live item fails with the error.
+        If the model raises, every live item fails with the error; a malformed Step fails its own
+        item only (the others' events of the step stand: one that finished in it is answered).
         """
         if not self.active:
             return []
         self.stats.steps += 1
         try:
-            outputs = self.model.step()
-            return [event for key, out in outputs.items() if (event := self._event(key, out)) is not None]
+            outputs = list(self.model.step().items())
         except Exception as exc:
             logger.exception("model step raised %s on %d live items", type(exc).__name__, len(self.active))
             failure = self.errors_of(exc)
@@ -218,6 +225,25 @@ class Scheduler(Generic[T]):
             self._cancel_in_model([live.key for live in failed])
             self.stats.failed += len(failed)
             return [Event(live.item, failure=failure) for live in failed]
+        events: list[Event[T]] = []
+        for key, out in outputs:
+            try:
+                event = self._event(key, out)
+            except Exception as exc:  # a malformed Step: its own sequence fails, not the others' events
+                events += self._fail_one(key, exc)
+                continue
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _fail_one(self, key: int, exc: Exception) -> list[Event[T]]:
+        live = self.active.pop(key, None)
+        if live is None:
+            return []
+        logger.error("model step gave key %r a malformed Step: %s: %s", key, type(exc).__name__, exc)
+        self._cancel_in_model([key])
+        self.stats.failed += 1
+        return [Event(live.item, failure=self.errors_of(exc))]
 
     def _event(self, key: int, out: Step) -> Event[T] | None:
         live = self.active.get(key)

@@ -45,8 +45,9 @@ class GenerativeModel(ManagedModel):
     def start(self, items: Mapping[int, Any]) -> None:
         """Start a sequence per ``key: item`` (e.g. run the prompt, fill the KV cache).
 
-        Raise to refuse them (a bad item): the worker then starts them one at a time, so only
-        the items that raise fail.
+        Raise to refuse them (a bad item): the worker then cancels those keys (whatever the call
+        started of them before it raised) and starts them one at a time, so only the items that
+        raise fail.
         """
         raise NotImplementedError
 

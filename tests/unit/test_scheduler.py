@@ -34,8 +34,11 @@ class Counter(GenerativeModel):
         self.step_sizes.append(len(self.live))
         if any(item == "crash" for item, _ in self.live.values()):
             raise RuntimeError("device lost")
-        out = {}
+        out: dict[int, Any] = {}
         for key, state in list(self.live.items()):
+            if state[0] == "malformed":
+                out[key] = None  # not a Step
+                continue
             state[1] += 1
             done = state[1] >= state[0]
             out[key] = Step([chr(ord("a") + state[1] - 1)], done)
@@ -238,3 +241,53 @@ def test_join_chunks() -> None:
     assert join_chunks([[1], [2, 3]]) == [1, 2, 3]
     assert join_chunks([1, "a"]) == [1, "a"]
     assert join_chunks([]) == []
+
+
+def test_a_malformed_step_fails_its_own_item_and_keeps_the_others_events() -> None:
+    # The events were built in one comprehension: one malformed Step threw away the events built
+    # before it, so an item that finished in that step was never answered (its entry stayed
+    # pending with a live worker for good).
+    model, scheduler = make()
+    scheduler.offer("done", 1, deadline=100)
+    scheduler.offer("broken", "malformed", deadline=100)
+    scheduler.admit(0)
+    events = scheduler.step()
+    assert [(e.item, e.chunks, e.finished, e.failure.type if e.failure else None) for e in events] == [
+        ("done", ((0, "a"),), True, None), ("broken", (), False, "AttributeError")]
+    assert scheduler.idle and model.cancelled == [1]
+
+
+class PartialStart(Counter):
+    """Starts the items one by one and raises at a bad one, the ones before it started (as a model
+    whose cache grows per item does); a key started twice breaks it."""
+
+    def start(self, items: Mapping[int, Any]) -> None:
+        for key, item in items.items():
+            if item == "bad":
+                raise ValueError("bad item")
+            if key in self.live:
+                raise RuntimeError(f"key {key} started twice")
+            self.live[key] = [item, 0]
+
+
+def test_a_refused_call_is_cancelled_before_its_items_start_one_at_a_time() -> None:
+    model = PartialStart()
+    scheduler: Scheduler[str] = Scheduler(model, 4)
+    for name in ["ok1", "bad", "ok2"]:
+        scheduler.offer(name, "bad" if name == "bad" else 2, deadline=100)
+    events = scheduler.admit(0)
+    assert [(e.item, e.failure.type if e.failure else None) for e in events] == [("bad", "ValueError")]
+    assert run_to_end(scheduler) == {"ok1": "ab", "ok2": "ab"}
+    assert model.live == {}
+
+
+def test_no_room_while_an_item_waits_for_cost_headroom() -> None:
+    # Read anyway, items waited in this worker while an idle peer could have run them.
+    _, scheduler = make(max_active=4, max_cost=10)
+    scheduler.offer("first", 2, deadline=100, cost=10)
+    scheduler.offer("second", 2, deadline=100, cost=10)
+    scheduler.admit(0)
+    assert [live.item for live in scheduler.active.values()] == ["first"]
+    assert scheduler.room() == 0
+    run_to_end(scheduler)
+    assert scheduler.room() == 4
