@@ -142,7 +142,9 @@ class AsyncCoalescer:
                 if not taken:
                     break
                 group = await self._send(taken)
-                if group is not None and not self._closed:
+                if group is not None and self._closed:  # accepted while aclose() ran: nobody pops it
+                    group.fail_waiting(BrokerUnavailable("the streamer was closed"))
+                elif group is not None:
                     popper = self._spawn(self._pop_replies(group), self._poppers)
                     popper.add_done_callback(functools.partial(self._popper_done, group))
         finally:

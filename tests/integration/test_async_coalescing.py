@@ -12,7 +12,7 @@ import pytest
 from rstreamer import AsyncRedisStreamer, ClientSettings
 from rstreamer.client import groups
 from rstreamer.client.aio_coalescer import AsyncCoalescer
-from rstreamer.errors import Overloaded, StreamerTimeout
+from rstreamer.errors import BrokerUnavailable, Overloaded, StreamerTimeout
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +146,25 @@ def test_calls_that_time_out_before_or_after_their_enqueue_leave_nothing_queued(
     # Each call ends near its own timeout, not the hold's or the client's 20 s default.
     assert max(late) < 1.5
     assert len(sends) > 1, "no call was enqueued after the held one"
+
+
+def test_a_call_whose_enqueue_ends_while_the_streamer_closes_fails_at_once(redis_url, prefix, monkeypatch):
+    # Its group, accepted once aclose() had begun, got no popper and nobody failed it: its caller
+    # waited out the whole timeout (an hour here) and got a StreamerTimeout.
+    async def scenario() -> BaseException:
+        sends = HeldSends(monkeypatch, hold_first=True)
+        streamer = AsyncRedisStreamer(redis_url, prefix, timeout=3600)
+        call = asyncio.ensure_future(streamer.predict([1, 2]))
+        await until(lambda: sends, what="the call's ENQUEUE")
+        closing = asyncio.ensure_future(streamer.aclose())
+        await until(lambda: streamer._coalescer._closed, what="the streamer closing")
+        sends.released.set()
+        await closing
+        with pytest.raises(BrokerUnavailable, match="closed") as raised:
+            await asyncio.wait_for(call, 30)
+        return raised.value
+
+    asyncio.run(scenario())
 
 
 def test_a_call_cancelled_during_its_enqueue_while_the_streamer_closes_is_withdrawn_whole(redis_url, prefix,
