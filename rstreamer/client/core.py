@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
 import secrets
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,19 +44,6 @@ SOCKET_TIMEOUT = BLPOP_SLICE + 3.0
 # the streamers, within the deadline (RETRY_ATTEMPTS tries, backoff up to RETRY_BACKOFF_CAP).
 CLIENT_RETRIES = 0
 
-
-# How many forks this process is removed from the one that imported this module: a streamer
-# compares it, not os.getpid() (a system call on every call; issue 26), to tell that it runs in
-# a child that must make its own reply keys.
-_forks = 0
-
-
-def _forked() -> None:
-    global _forks
-    _forks += 1
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 # Not frozen: a frozen dataclass's __init__ (object.__setattr__ per field) cost a call 3 us of
@@ -112,25 +97,17 @@ class CallFactory:
         # A streamer puts its worker gate's copy here (refreshed by the gate's reads); this one,
         # never read into, sends none: the ENQUEUE script then reads the levels itself.
         self.levels_copy = LevelsCopy()
-        self._identity_lock = threading.Lock()
-        self._forks = -1  # the value of _forks its identity was made under (-1: none yet)
-        self._client_id = ""
-        self._tasks = itertools.count()
+        self.renew_after_fork()
         renew_after_fork(self)
 
     def renew_after_fork(self) -> None:
-        """In a forked child: a lock another of the parent's threads held is not the child's (the
-        reply keys are renewed at the child's first call, see _next_token)."""
-        self._identity_lock = threading.Lock()
+        """A client id of its own (and in a forked child, made before any other thread exists
+        there): a streamer built before a fork must not reuse its parent's reply keys. Checked
+        once per fork, not per call (os.getpid() per call was a system call; issue 26)."""
+        self._client_id = secrets.token_hex(8)
+        self._tasks = itertools.count()
 
     def _next_token(self) -> str:
-        if self._forks != _forks:
-            # A streamer built before a fork must not reuse its parent's reply keys.
-            with self._identity_lock:
-                if self._forks != _forks:
-                    self._client_id = secrets.token_hex(8)
-                    self._tasks = itertools.count()
-                    self._forks = _forks
         return f"{self._client_id}:{next(self._tasks)}"
 
     def new_call(self, batch: list[Any], timeout: float | None, priority: int = 0, tenant: str | None = None) -> Call:
