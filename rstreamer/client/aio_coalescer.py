@@ -24,7 +24,17 @@ from ..errors import BrokerUnavailable
 from ..wire.messages import Admission
 from ..wire.scripts import scripts
 from .core import WITHDRAW_GRACE, CallFactory, call_errors
-from .groups import BaseTicket, CallState, ReplyGroup, admit, copy_error, pop_replies, take, withdraw
+from .groups import (
+    BaseTicket,
+    CallState,
+    ReplyGroup,
+    admit,
+    copy_error,
+    pop_replies,
+    streamer_closed,
+    take,
+    withdraw,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis as AsyncRedis
@@ -120,7 +130,7 @@ class AsyncCoalescer:
         calls of a closed streamer stay queued)."""
         self._closed = True
         for ticket in self._pending:
-            ticket.failed(BrokerUnavailable("the streamer was closed"))
+            ticket.failed(streamer_closed())
         self._pending.clear()
         for popper in list(self._poppers):
             popper.cancel()
@@ -143,7 +153,7 @@ class AsyncCoalescer:
                     break
                 group = await self._send(taken)
                 if group is not None and self._closed:  # accepted while aclose() ran: nobody pops it
-                    group.fail_waiting(BrokerUnavailable("the streamer was closed"))
+                    group.fail_waiting(streamer_closed())
                 elif group is not None:
                     popper = self._spawn(self._pop_replies(group), self._poppers)
                     popper.add_done_callback(functools.partial(self._popper_done, group))
@@ -166,7 +176,7 @@ class AsyncCoalescer:
                 admission = Admission.parse(await async_run_script(self._redis, self._script, args["keys"],
                                                                    args["args"]))
         except BaseException as exc:  # every caller in the ENQUEUE must learn how it ended
-            error = exc if isinstance(exc, Exception) else BrokerUnavailable("the streamer was closed")
+            error = exc if isinstance(exc, Exception) else streamer_closed()
             for n, ticket in enumerate(taken):
                 ticket.failed(error if n == 0 else copy_error(error))
             if not isinstance(exc, Exception):
@@ -197,7 +207,7 @@ class AsyncCoalescer:
         """A popper that aclose() cancelled before it ran never reached the close-out of
         :func:`~rstreamer.client.groups.pop_replies`: its callers fail now, not at their timeouts."""
         if self._closed:
-            group.fail_waiting(BrokerUnavailable("the streamer was closed"))
+            group.fail_waiting(streamer_closed())
 
     async def _withdraw(self, tickets: Sequence[BaseTicket], whole: bool) -> bool:
         """Withdraw the unanswered items of ``tickets`` (see :func:`~rstreamer.client.groups.withdraw`)."""

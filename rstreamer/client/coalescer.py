@@ -32,7 +32,17 @@ from ..errors import BrokerUnavailable
 from ..wire.messages import Admission
 from ..wire.scripts import scripts
 from .core import MAX_CONNECTIONS, WITHDRAW_GRACE, CallFactory, call_errors
-from .groups import BaseTicket, CallState, ReplyGroup, admit, copy_error, pop_replies, take, withdraw
+from .groups import (
+    BaseTicket,
+    CallState,
+    ReplyGroup,
+    admit,
+    copy_error,
+    pop_replies,
+    streamer_closed,
+    take,
+    withdraw,
+)
 
 if TYPE_CHECKING:
     from .future import RedisFuture
@@ -166,7 +176,7 @@ class Coalescer:
         with self._lock:
             self._closed = True
             for ticket in self._pending:
-                ticket.failed(BrokerUnavailable("the streamer was closed"))
+                ticket.failed(streamer_closed())
             self._pending.clear()
             withdrawals = list(self._withdrawals)
         wait(withdrawals, timeout=WITHDRAW_GRACE)
@@ -199,7 +209,7 @@ class Coalescer:
 
     def _start_popper(self, group: ReplyGroup) -> None:
         if not self._start(self._pop_replies, group):
-            group.fail_waiting(BrokerUnavailable("the streamer was closed"))
+            group.fail_waiting(streamer_closed())
 
     def _start(self, task: Callable[..., None], *args: Any) -> bool:
         """Run ``task`` in an I/O thread; False once the streamer is closed."""

@@ -225,7 +225,7 @@ def pop_replies(group: ReplyGroup, serving: Callable[[], bool], blpop: Callable[
         yield from _pop_replies(group, serving, blpop, calls)
     finally:
         if not serving():  # closed, or an asyncio popper cancelled by aclose(): not a whole timeout's wait
-            group.fail_waiting(BrokerUnavailable("the streamer was closed"))
+            group.fail_waiting(streamer_closed())
         group.release()
 
 
@@ -300,6 +300,11 @@ def withdraw(tickets: Sequence[BaseTicket], whole: bool, calls: CallFactory) -> 
 def _cancel(args: ScriptArgs) -> Command:
     """The CANCEL script with ``args``, on the driver's client (sync or asyncio)."""
     return Command(lambda client: scripts(client).cancel(**args))
+
+
+def streamer_closed() -> BrokerUnavailable:
+    """What a call still waiting when its streamer closes gets (its items stay queued)."""
+    return BrokerUnavailable("the streamer was closed")
 
 
 def copy_error(error: BaseException) -> BaseException:
